@@ -1,0 +1,45 @@
+"""pytest setup: the `device` fixture (cpu always, gpu when MLX has one).
+
+MLX_FP4_TEST_DEVICES=cpu,gpu (comma list) overrides which devices are tried; a requested gpu
+that MLX does not have is skipped with the reason.
+"""
+
+import os
+
+import mlx.core as mx
+import pytest
+
+
+def gpu_available():
+    if mx.metal.is_available():
+        return True
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
+
+
+def _device_names():
+    env = os.environ.get("MLX_FP4_TEST_DEVICES")
+    if env:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    return ["cpu", "gpu"]
+
+
+@pytest.fixture(params=_device_names())
+def device(request):
+    """Run the test with this device as MLX's default; yields the mx.Device."""
+    name = request.param
+    if name == "gpu":
+        if not gpu_available():
+            pytest.skip("no GPU: mx.metal and mx.cuda are not available")
+        dev = mx.gpu
+    elif name == "cpu":
+        dev = mx.cpu
+    else:
+        raise ValueError(f"MLX_FP4_TEST_DEVICES: unknown device {name!r}")
+    old = mx.default_device()
+    mx.set_default_device(dev)
+    try:
+        yield dev
+    finally:
+        mx.set_default_device(old)
+

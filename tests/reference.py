@@ -1,0 +1,277 @@
+"""Independent float64 NumPy reference for the NVFP4 format and W4A16 matmul.
+
+Written from docs (FORMAT / nvfp4-format.md), never from our C++: every FP4 and FP8 value comes
+from ml_dtypes (float4_e2m1fn for nibbles, float8_e4m3fn for scale bytes, where 0x7F/0xFF are
+NaN). Nothing here imports mlx_fp4.
+
+Layout: packed weights are uint8 [N, >= ceil(K/2)] with the low nibble holding the even k, or
+MLX's uint32 [N, ceil(K/8)] (little-endian, so its bytes are the same uint8 layout). Scales are
+uint8 [N, ceil(K/16)] holding E4M3 bits, one per 16 consecutive k.
+"""
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+GLOBAL_SCALE_DENOMINATOR = E2M1_MAX * E4M3_MAX  # 2688
+
+_F4 = ml_dtypes.float4_e2m1fn
+_F8 = ml_dtypes.float8_e4m3fn
+
+
+# ----------------------------------------------------------------------------------------------
+# Conversions from MLX (kept here so the reference can take mx.arrays without mlx_fp4).
+
+
+def to_numpy(a, dtype=None):
+    """An mx.array / numpy array / python number as numpy; floats become exact float64.
+
+    bfloat16 has no NumPy dtype, so MLX floats go through float32 (exact for bf16/fp16/fp32).
+    """
+    if isinstance(a, (int, float, np.generic)):
+        a = np.asarray(a)
+    if not isinstance(a, np.ndarray):
+        import mlx.core as mx  # only for the conversion
+
+        if mx.issubdtype(a.dtype, mx.floating):
+            a = np.array(a.astype(mx.float32))
+        else:
+            a = np.array(a)
+    if dtype is not None:
+        return a.astype(dtype)
+    if a.dtype.kind == "f" or a.dtype in (ml_dtypes.bfloat16,):
+        return a.astype(np.float64)
+    return a
+
+
+def packed_bytes(packed):
+    """Packed weights as uint8 [N, bytes]: uint32 words are viewed as their little-endian bytes."""
+    p = np.ascontiguousarray(to_numpy(packed))
+    if p.dtype == np.uint32:
+        return p.astype("<u4").view(np.uint8).reshape(p.shape[0], p.shape[1] * 4)
+    if p.dtype != np.uint8:
+        raise TypeError(f"packed must be uint8 or uint32, got {p.dtype}")
+    return p
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoding
+
+
+def unpack_nibbles(packed):
+    """uint8/uint32 packed [N, B] -> uint8 codes [N, 2 * bytes]; low nibble first (even k)."""
+    b = packed_bytes(packed)
+    lo = b & 0x0F
+    hi = b >> 4
+    return np.stack([lo, hi], axis=-1).reshape(b.shape[0], -1)
+
+
+def pack_nibbles(codes):
+    """uint8 codes [N, K] (values 0..15) -> uint8 [N, ceil(K/2)], padding nibble 0."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    n, k = codes.shape
+    if k % 2:
+        codes = np.concatenate([codes, np.zeros((n, 1), np.uint8)], axis=1)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+
+
+def bytes_to_uint32(packed_u8):
+    """uint8 [N, 4 * W] -> uint32 [N, W] with the same bytes (MLX layout)."""
+    b = np.ascontiguousarray(packed_u8, dtype=np.uint8)
+    assert b.shape[1] % 4 == 0, b.shape
+    return b.view("<u4").astype(np.uint32)
+
+
+def decode_e2m1(codes):
+    """E2M1 codes (low 4 bits) -> float64 through ml_dtypes.float4_e2m1fn."""
+    c = (np.asarray(codes).astype(np.uint8) & 0x0F).astype(np.uint8)
+    return c.view(_F4).astype(np.float64)
+
+
+def decode_e4m3(codes):
+    """E4M3FN bytes -> float64 through ml_dtypes.float8_e4m3fn (0x7F and 0xFF are NaN)."""
+    c = np.asarray(codes).astype(np.uint8)
+    return c.view(_F8).astype(np.float64)
+
+
+def decode_weights(packed, scales, k, global_scale=None):
+    """Dequantized weights [N, k] in float64: e2m1 * e4m3 (* global_scale, a multiplier)."""
+    codes = unpack_nibbles(packed)[:, :k]
+    s = to_numpy(scales).astype(np.uint8)
+    blocks = -(-k // BLOCK)
+    assert s.shape[1] >= blocks, (s.shape, k)
+    s_full = np.repeat(decode_e4m3(s[:, :blocks]), BLOCK, axis=1)[:, :k]
+    with np.errstate(invalid="ignore"):
+        w = decode_e2m1(codes) * s_full
+        if global_scale is not None:
+            w = w * float(to_numpy(global_scale))
+    return w
+
+
+# ----------------------------------------------------------------------------------------------
+# Epilogue (float64, the literal formulas of the contract evaluated in IEEE arithmetic)
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(v):
+    return _erf(np.asarray(v, dtype=np.float64)).astype(np.float64)
+
+
+def sigmoid(v):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return 1.0 / (1.0 + np.exp(-v))
+
+
+def activation(name, v):
+    """The activation `name` applied to float64 v, written as the contract defines it."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name == "relu":
+            # max(v, 0) keeping NaN (as mx.maximum and the contract do).
+            return np.where(np.isnan(v), v, np.where(v < 0, 0.0, v))
+        if name == "silu":
+            return v * sigmoid(v)
+        if name == "gelu":
+            return 0.5 * v * (1.0 + erf(v / math.sqrt(2.0)))
+        if name == "gelu_approx":
+            c = math.sqrt(2.0 / math.pi)
+            return 0.5 * v * (1.0 + np.tanh(c * (v + 0.044715 * v**3)))
+        if name == "sigmoid":
+            return sigmoid(v)
+        if name == "tanh":
+            return np.tanh(v)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+# Lipschitz constants (max |f'|) of the activations, used to propagate error bounds.
+ACTIVATION_LIPSCHITZ = {
+    "relu": 1.0,
+    "silu": 1.1,
+    "gelu": 1.13,
+    "gelu_approx": 1.13,
+    "sigmoid": 0.25,
+    "tanh": 1.0,
+}
+
+
+def f32(c):
+    """A Python constant as the core sees it: rounded to float32 (constants are fp32)."""
+    return float(np.float32(c))
+
+
+def _op_parts(op):
+    if isinstance(op, str):
+        return op, ()
+    return op[0], tuple(op[1:])
+
+
+def apply_epilogue(acc, epilogue, err=None, unit=2.0**-24):
+    """Apply an epilogue chain to float64 `acc` [..., N].
+
+    If `err` (an absolute error bound of acc, same shape) is given, also return an error bound of
+    the result for an implementation that runs the chain in fp32 (unit roundoff `unit`): each
+    op scales the incoming error by its Lipschitz constant and adds a few ulps of its own.
+    """
+    v = np.asarray(acc, dtype=np.float64)
+    e = None if err is None else np.broadcast_to(np.asarray(err, dtype=np.float64), v.shape)
+    for op in epilogue or []:
+        name, args = _op_parts(op)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if name in ("add", "mul"):
+                t = f32(args[0]) if isinstance(args[0], (int, float)) else to_numpy(args[0])
+                out = v + t if name == "add" else v * t
+                if e is not None:
+                    e = (e if name == "add" else e * np.abs(t)) + 2 * unit * np.abs(out)
+            elif name == "scale":
+                c = f32(args[0])
+                out = v * c
+                if e is not None:
+                    e = e * abs(c) + 2 * unit * np.abs(out)
+            elif name == "clamp":
+                lo, hi = f32(args[0]), f32(args[1])
+                out = np.where(np.isnan(v), v, np.where(v < lo, lo, np.where(v > hi, hi, v)))
+                # e unchanged: clamp is 1-Lipschitz and exact.
+            else:
+                out = activation(name, v)
+                if e is not None:
+                    e = ACTIVATION_LIPSCHITZ[name] * e + 16 * unit * (np.abs(v) + np.abs(out))
+        v = np.asarray(out, dtype=np.float64)
+        if e is not None:
+            e = np.broadcast_to(e, v.shape)
+    return v if err is None else (v, e)
+
+
+# ----------------------------------------------------------------------------------------------
+# W4A16 matmul
+
+
+def w4a16_matmul(x, packed, scales, k=None, global_scale=None, epilogue=None):
+    """float64 epilogue(global_scale * (x @ W.T)); x [..., K]; returns [..., N]."""
+    return w4a16_matmul_with_magnitude(x, packed, scales, k, global_scale, epilogue)[0]
+
+
+def w4a16_matmul_with_magnitude(x, packed, scales, k=None, global_scale=None, epilogue=None):
+    """Like w4a16_matmul, and also mag = |gs| * sum_k |x_k w_k| (the scale of rounding errors)."""
+    xf = to_numpy(x)
+    k = xf.shape[-1] if k is None else k
+    w = decode_weights(packed, scales, k)
+    with np.errstate(invalid="ignore", over="ignore"):
+        acc = xf @ w.T
+        mag = np.abs(xf) @ np.abs(w).T
+        if global_scale is not None:
+            g = float(to_numpy(global_scale).astype(np.float32))  # the core takes gs in fp32
+            acc = acc * g
+            mag = mag * abs(g)
+    return apply_epilogue(acc, epilogue), acc, mag
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantization (round-to-nearest-even, E4M3 saturating at 448)
+
+
+def e4m3_round(v):
+    """float -> E4M3 bytes, RNE, saturating at 448 (ml_dtypes itself turns >= 464 into NaN)."""
+    v = np.asarray(v, dtype=np.float64)
+    v = np.clip(v, -E4M3_MAX, E4M3_MAX)
+    return v.astype(_F8).view(np.uint8)
+
+
+def e2m1_round(v):
+    """float -> E2M1 codes, RNE, saturating at 6 (ml_dtypes casts are RNE and saturate)."""
+    v = np.asarray(v, dtype=np.float64)
+    return v.astype(_F4).view(np.uint8) & 0x0F
+
+
+def quantize(w, global_scale=None):
+    """Reference NVFP4 quantizer of w [N, K] (values given exactly, e.g. fp32).
+
+    scale = e4m3(amax_16 / 6 [/ gs]); q = e2m1(w [/ gs] / scale), both RNE; exact float64 math
+    (amax/6 and w/s cannot hit a tie in fp32 unless they hit it exactly, so fp32 implementations
+    agree). Blocks whose scale decodes to 0 get code 0 (+0) for every value. Returns (packed
+    uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/16)]).
+    """
+    w = to_numpy(w)
+    n, k = w.shape
+    blocks = -(-k // BLOCK)
+    pad = blocks * BLOCK - k
+    wp = np.concatenate([w, np.zeros((n, pad))], axis=1) if pad else w
+    wb = wp.reshape(n, blocks, BLOCK)
+    if global_scale is not None:
+        wb = wb / float(global_scale)
+    amax = np.max(np.abs(wb), axis=-1)
+    s_bytes = e4m3_round(amax / E2M1_MAX)
+    s = decode_e4m3(s_bytes)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, wb / np.where(s > 0, s, 1.0), 0.0)
+    codes = e2m1_round(q).reshape(n, blocks * BLOCK)[:, :k]
+    codes = np.where(np.broadcast_to(s > 0, wb.shape).reshape(n, -1)[:, :k], codes, 0)
+    return pack_nibbles(codes), s_bytes.astype(np.uint8)
+
+
+E2M1_GRID = decode_e2m1(np.arange(8))  # 0, .5, 1, 1.5, 2, 3, 4, 6
+E4M3_GRID = decode_e4m3(np.arange(0x7F))  # 0 .. 448, the finite non-negative values
