@@ -1,0 +1,206 @@
+// Python bindings (nanobind, NB_DOMAIN mlx so mx.array and mx.Dtype are MLX's own types).
+// Python arguments are parsed here; validation of arrays lives in ops.cpp.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "cpu/w4a16_kernel.h"
+#include "cpu/thread_pool.h"
+#include "epilogue_spec.h"
+#include "errors.h"
+#include "mlx/version.h"
+#include "mlx_fp4.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace mx = mlx::core;
+
+#ifndef MLX_FP4_GPU_BACKEND
+#define MLX_FP4_GPU_BACKEND "none"
+#endif
+
+namespace {
+
+using GlobalScale = std::optional<std::variant<mx::array, float>>;
+
+std::optional<mx::array> to_array(const GlobalScale& gs) {
+  if (!gs) return std::nullopt;
+  if (auto* a = std::get_if<mx::array>(&*gs)) return *a;
+  return mx::array(std::get<float>(*gs), mx::float32);
+}
+
+float as_float(nb::handle h, const std::string& where) {
+  if (nb::isinstance<nb::float_>(h) || nb::isinstance<nb::int_>(h)) {
+    return nb::cast<float>(h);
+  }
+  mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " must be a Python float but got ",
+                         nb::cast<std::string>(nb::str(h.type())), ".");
+}
+
+mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
+  const std::string where = "epilogue[" + std::to_string(index) + "]";
+  nb::handle name_obj;
+  std::vector<nb::handle> args;
+  if (nb::isinstance<nb::str>(item)) {
+    name_obj = item;
+  } else if (nb::isinstance<nb::tuple>(item) || nb::isinstance<nb::list>(item)) {
+    nb::sequence seq = nb::borrow<nb::sequence>(item);
+    size_t len = nb::len(seq);
+    if (len == 0 || !nb::isinstance<nb::str>(seq[0])) {
+      mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " must be a name or a (name, operand...) tuple but got ",
+                             nb::cast<std::string>(nb::repr(item)), ".");
+    }
+    name_obj = seq[0];
+    for (size_t i = 1; i < len; ++i) args.push_back(seq[i]);
+  } else {
+    mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " must be a name or a (name, operand...) tuple but got ",
+                           nb::cast<std::string>(nb::str(item.type())), ".");
+  }
+  const std::string name = nb::cast<std::string>(name_obj);
+  const mlx_fp4::EpilogueName* found = nullptr;
+  std::string known;
+  for (const auto& e : mlx_fp4::epilogue_names()) {
+    known += (known.empty() ? "" : ", ") + std::string(e.name);
+    if (name == e.name) found = &e;
+  }
+  if (!found) {
+    mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " has unknown op '", name, "'; expected one of ", known, ".");
+  }
+  const size_t expected = found->args == mlx_fp4::EpilogueArgs::kNone ? 0
+                        : found->args == mlx_fp4::EpilogueArgs::kTwoFloats ? 2 : 1;
+  if (args.size() != expected) {
+    mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " ('", name, "') expected ", expected,
+                           " argument(s) but got ", args.size(), ".");
+  }
+  mlx_fp4::EpilogueSpec spec{found->code, std::nullopt, 0.0f, 0.0f};
+  switch (found->args) {
+    case mlx_fp4::EpilogueArgs::kNone: break;
+    case mlx_fp4::EpilogueArgs::kOperandOrFloat:
+      if (nb::isinstance<mx::array>(args[0])) {
+        spec.operand = nb::cast<mx::array>(args[0]);
+      } else {
+        spec.p0 = as_float(args[0], where + " operand");
+      }
+      break;
+    case mlx_fp4::EpilogueArgs::kFloat: spec.p0 = as_float(args[0], where + " constant"); break;
+    case mlx_fp4::EpilogueArgs::kTwoFloats:
+      spec.p0 = as_float(args[0], where + " lo");
+      spec.p1 = as_float(args[1], where + " hi");
+      if (!(spec.p0 <= spec.p1)) {
+        mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " clamp expects lo <= hi but got lo = ", spec.p0,
+                               ", hi = ", spec.p1, ".");
+      }
+      break;
+  }
+  return spec;
+}
+
+std::vector<mlx_fp4::EpilogueSpec> parse_epilogue(const std::optional<nb::object>& epilogue) {
+  std::vector<mlx_fp4::EpilogueSpec> specs;
+  if (!epilogue || epilogue->is_none()) return specs;
+  if (nb::isinstance<nb::str>(*epilogue) || !(nb::isinstance<nb::list>(*epilogue) || nb::isinstance<nb::tuple>(*epilogue))) {
+    mlx_fp4::throw_invalid("[w4a16_matmul] epilogue must be a list of ops, e.g. [(\"add\", bias), \"silu\"], but got ",
+                           nb::cast<std::string>(nb::repr(*epilogue)), ".");
+  }
+  size_t i = 0;
+  for (nb::handle item : *epilogue) specs.push_back(parse_op(item, i++));
+  return specs;
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "mlx_fp4 C++ extension: NVFP4 (E2M1 + E4M3 block scales) W4A16 ops for MLX.";
+
+  m.def(
+      "w4a16_matmul",
+      [](const mx::array& x, const mx::array& w, const mx::array& scales, const GlobalScale& global_scale,
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, mx::StreamOrDevice s) {
+        return mlx_fp4::w4a16_matmul(x, w, scales, to_array(global_scale), parse_epilogue(epilogue), out_dtype, s);
+      },
+      "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
+      "out_dtype"_a = nb::none(), "stream"_a = nb::none(),
+      nb::sig("def w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, "
+              "global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, "
+              "out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.Device | None = None) "
+              "-> mlx.core.array"),
+      R"(W4A16 matmul: ``epilogue(global_scale * (x @ dequantize(w, scales).T))``.
+
+Args:
+    x: activations ``[..., K]``, float16, bfloat16 or float32.
+    w: packed FP4 E2M1 weights, uint8 ``[N, ceil(K/2)]`` (low nibble = even k) or MLX's
+       uint32 ``[N, ceil(K/8)]`` (as returned by ``mx.quantize(..., mode="nvfp4")``).
+    scales: uint8 ``[N, ceil(K/16)]``, E4M3 bits, one per 16 weights along K.
+    global_scale: optional per-tensor multiplier (Python float or float32 scalar array),
+       applied once in fp32 to the accumulator.
+    epilogue: optional list of ops applied in order in fp32 before the final cast:
+       ``("add", t)``, ``("mul", t)``, ``("scale", c)``, ``"relu"``, ``"silu"``, ``"gelu"``,
+       ``"gelu_approx"``, ``"sigmoid"``, ``"tanh"``, ``("clamp", lo, hi)``; ``t`` broadcasts to
+       the output (``[N]``, ``[..., 1]``, ``[..., N]``) or is a Python float.
+    out_dtype: float16, bfloat16 or float32; default ``x.dtype``.
+    stream: stream or device.
+
+Returns:
+    ``[..., N]`` array in ``out_dtype``. Differentiable with respect to ``x`` and the
+    epilogue operands.)");
+
+  m.def(
+      "w4a16_matmul_reference_ops",
+      [](const mx::array& x, const mx::array& w, const mx::array& scales, const GlobalScale& global_scale,
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, mx::StreamOrDevice s) {
+        return mlx_fp4::w4a16_matmul_reference_ops(x, w, scales, to_array(global_scale), parse_epilogue(epilogue),
+                                                   out_dtype, s);
+      },
+      "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
+      "out_dtype"_a = nb::none(), "stream"_a = nb::none(),
+      "The same math as w4a16_matmul with plain MLX ops (dequantize, fp32 matmul, epilogue).");
+
+  m.def(
+      "quantize",
+      [](const mx::array& w, bool global_scale, mx::StreamOrDevice s) {
+        auto out = mlx_fp4::quantize(w, global_scale, s);
+        return nb::tuple(nb::cast(out));
+      },
+      "w"_a, nb::kw_only(), "global_scale"_a = false, "stream"_a = nb::none(),
+      R"(Quantize ``w [N, K]`` to NVFP4.
+
+Returns:
+    ``(packed, scales)``: uint8 ``[N, ceil(K/2)]`` (low nibble = even k, padding nibbles 0)
+    and uint8 ``[N, ceil(K/16)]`` E4M3 bits (block amax / 6, round-to-nearest-even,
+    saturating at 448); values rounded to E2M1 nearest-even. With ``global_scale=True`` also
+    ``gs``, a float32 scalar multiplier amax(|w|) / 2688 (ModelOpt convention):
+    ``w ~= dequantize(packed, scales) * gs``.)");
+
+  m.def(
+      "dequantize",
+      [](const mx::array& packed, const mx::array& scales, std::optional<int> k, const GlobalScale& global_scale,
+         mx::Dtype dtype, mx::StreamOrDevice s) {
+        return mlx_fp4::dequantize(packed, scales, k, to_array(global_scale), dtype, s);
+      },
+      "packed"_a, "scales"_a, nb::kw_only(), "k"_a = nb::none(), "global_scale"_a = nb::none(),
+      "dtype"_a = mx::bfloat16, "stream"_a = nb::none(),
+      R"(Decode NVFP4 weights to ``[N, k]`` (``k`` defaults to ``2 * packed bytes per row``).
+
+Exact in bfloat16, float16 and float32 without a global scale; a global scale is applied in
+fp32 before the one cast. E4M3 codes 0x7F and 0xFF are NaN.)");
+
+  nb::dict names;
+  for (const auto& e : mlx_fp4::epilogue_names()) names[e.name] = e.code;
+  m.attr("EPILOGUE_OPS") = names;
+
+  m.def("build_info", []() {
+    nb::dict d;
+    d["mlx_version"] = std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) + "." +
+                       std::to_string(MLX_VERSION_PATCH);
+    d["gpu_backend"] = MLX_FP4_GPU_BACKEND;
+    return d;
+  });
+  m.def("cpu_info", []() {
+    nb::dict d;
+    d["threads"] = mlx_fp4::cpu::num_threads();
+    d["hot_loops"] = mlx_fp4::cpu::hot_loops_name();
+    return d;
+  });
+}

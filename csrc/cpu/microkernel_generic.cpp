@@ -1,0 +1,9 @@
+// Portable build of the hot loops (16-byte vectors: SSE2 on x86-64, NEON on arm64).
+#define MK_NS generic
+#define MK_VEC_BYTES 16
+#define MK_NAME "generic-128"
+#include "microkernel.inc"
+
+namespace mlx_fp4::cpu {
+const HotLoops& hot_loops_generic() { return generic::hot_loops(); }
+}  // namespace mlx_fp4::cpu

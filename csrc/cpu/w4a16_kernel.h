@@ -1,0 +1,21 @@
+// CPU W4A16 kernel entry: framework-free apart from the problem struct.
+#pragma once
+#include "../shared/w4a16_problem.h"
+
+namespace mlx_fp4::cpu {
+
+struct Buffers {
+  const void* x;          // [m, k] rows, x_dtype
+  const uint8_t* w;       // [n, w_row_bytes]
+  const uint8_t* scales;  // [n, scale_row_bytes]
+  const float* global_scale;  // 1 value, or nullptr
+  const void* operands[fp4::kMaxEpilogueOperands];
+  void* out;  // [m, n] rows, out_dtype
+};
+
+void run_w4a16(const fp4::W4A16Problem& p, const Buffers& b);
+
+// Name of the hot-loop build picked for this CPU ("avx512f", "avx2-fma", "generic-128").
+const char* hot_loops_name();
+
+}  // namespace mlx_fp4::cpu

@@ -1,0 +1,198 @@
+// quantize / dequantize: lazy MLX graph ops for the NVFP4 format. They run on every backend
+// because they are built from MLX ops; the code tables come from csrc/shared/fp4_format.h.
+#include <cmath>
+
+#include "errors.h"
+#include "format_tables.h"
+#include "mlx/ops.h"
+#include "mlx_fp4.h"
+#include "shared/w4a16_problem.h"
+
+namespace mlx_fp4 {
+namespace {
+
+// fp32 bit-field constants used to build powers of two exactly.
+constexpr uint32_t kF32MantissaBits = 23;
+constexpr uint32_t kF32ExpMask = 0xFF;
+constexpr int kF32Bias = 127;
+
+mx::array u32(uint32_t v) { return mx::array(v, mx::uint32); }
+mx::array f32(float v) { return mx::array(v, mx::float32); }
+
+// Unbiased exponent of positive fp32 values (fp32 subnormals and 0 give -127).
+mx::array f32_exponent(const mx::array& x, mx::StreamOrDevice s) {
+  auto bits = mx::view(x, mx::uint32, s);
+  auto e = mx::bitwise_and(mx::right_shift(bits, u32(kF32MantissaBits), s), u32(kF32ExpMask), s);
+  return mx::subtract(mx::astype(e, mx::int32, s), mx::array(kF32Bias, mx::int32), s);
+}
+
+// 2^e for int32 e in the normal fp32 range, exact.
+mx::array pow2(const mx::array& e, mx::StreamOrDevice s) {
+  auto biased = mx::astype(mx::add(e, mx::array(kF32Bias, mx::int32), s), mx::uint32, s);
+  return mx::view(mx::left_shift(biased, u32(kF32MantissaBits), s), mx::float32, s);
+}
+
+// E4M3 encode of non-negative fp32 values: round-to-nearest-even, saturating at 448,
+// NaN -> 0x7F. Built as code = (e + 6) * 8 + round(x / 2^(e-3)), e = max(exponent, -6),
+// which also covers subnormals (e = -6) and the carry into the next binade.
+mx::array e4m3_encode(const mx::array& x, mx::StreamOrDevice s) {
+  constexpr int kMantSteps = 1 << fp4::kE4M3MantissaBits;  // 8
+  auto e = mx::maximum(f32_exponent(x, s), mx::array(fp4::kE4M3MinNormalExp, mx::int32), s);
+  auto inv_quantum = pow2(mx::subtract(mx::array(fp4::kE4M3MantissaBits, mx::int32), e, s), s);
+  auto r = mx::astype(mx::round(mx::multiply(x, inv_quantum, s), 0, s), mx::int32, s);
+  auto code = mx::add(
+      mx::multiply(mx::subtract(e, mx::array(fp4::kE4M3MinNormalExp, mx::int32), s),
+                   mx::array(kMantSteps, mx::int32), s),
+      r, s);
+  auto max_code = mx::array(int32_t(0x7E), mx::int32);  // 448
+  code = mx::where(mx::greater_equal(x, f32(fp4::kE4M3Max), s), max_code, code, s);
+  code = mx::where(mx::isnan(x, s), mx::array(int32_t(fp4::kE4M3NaNMag), mx::int32), code, s);
+  return mx::astype(code, mx::uint8, s);
+}
+
+// E2M1 encode (RNE, saturating at 6) of fp32 values, as a uint32 code per value.
+mx::array e2m1_encode(const mx::array& v, mx::StreamOrDevice s) {
+  auto a = mx::abs(v, s);
+  auto code = mx::zeros(v.shape(), mx::uint32, s);
+  for (int i = 0; i < fp4::kE2M1NumEdges; ++i) {
+    auto edge = f32(fp4::e2m1_edge(i));
+    auto past = fp4::e2m1_edge_tie_rounds_up(i) ? mx::greater_equal(a, edge, s)
+                                                : mx::greater(a, edge, s);
+    code = mx::add(code, mx::astype(past, mx::uint32, s), s);
+  }
+  auto sign = mx::right_shift(mx::view(v, mx::uint32, s), u32(31), s);
+  return mx::bitwise_or(code, mx::left_shift(sign, u32(3), s), s);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, mx::StreamOrDevice s) {
+  if (w_in.ndim() != 2) {
+    throw_invalid("[quantize] w must be 2-D [N, K] but got shape ", shape_str(w_in.shape()), ".");
+  }
+  if (!mx::issubdtype(w_in.dtype(), mx::floating)) {
+    throw_invalid("[quantize] w must be a floating dtype (float16, bfloat16, float32) but got ",
+                  dtype_str(w_in.dtype()), ".");
+  }
+  const int n = w_in.shape(0);
+  const int k = w_in.shape(1);
+  if (k < 1) {
+    throw_invalid("[quantize] w must have K >= 1 columns but got shape ", shape_str(w_in.shape()), ".");
+  }
+  const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k));
+  const int kpad = blocks * fp4::kBlockSize;
+  auto w = mx::astype(w_in, mx::float32, s);
+  if (kpad != k) {
+    w = mx::pad(w, {{0, 0}, {0, kpad - k}}, f32(0.0f), "constant", s);
+  }
+  auto wb = mx::reshape(w, {n, blocks, fp4::kBlockSize}, s);
+  auto amax = mx::max(mx::abs(wb, s), -1, true, s);  // [N, blocks, 1]
+
+  std::optional<mx::array> gs;
+  auto target = mx::divide(amax, f32(fp4::kE2M1Max), s);
+  auto gs_safe = f32(1.0f);
+  if (with_global_scale) {
+    gs = mx::divide(mx::max(mx::abs(w, s), s), f32(fp4::kGlobalScaleDenominator), s);
+    gs_safe = mx::where(mx::greater(*gs, f32(0.0f), s), *gs, f32(1.0f), s);
+    target = mx::divide(target, gs_safe, s);
+  }
+  auto scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
+  auto scale_values = mx::take(e4m3_table(), mx::astype(scale_codes, mx::uint32, s), s);
+  auto denom = mx::multiply(scale_values, gs_safe, s);
+  // An all-zero block has scale 0: its values are 0, not 0/0.
+  auto v = mx::where(mx::equal(denom, f32(0.0f), s), f32(0.0f), mx::divide(wb, denom, s), s);
+  auto codes = mx::reshape(e2m1_encode(v, s), {n, kpad}, s);
+  // Padding columns past K hold code 0 already (w was zero-padded).
+  auto pairs = mx::reshape(codes, {n, kpad / 2, 2}, s);
+  auto lo = mx::take(pairs, 0, 2, s);
+  auto hi = mx::take(pairs, 1, 2, s);
+  auto packed = mx::astype(mx::bitwise_or(lo, mx::left_shift(hi, u32(fp4::kNibbleBits), s), s), mx::uint8, s);
+  packed = mx::slice(packed, {0, 0}, {n, static_cast<int>(fp4::packed_bytes_for_k(k))}, s);
+  auto scales = mx::reshape(scale_codes, {n, blocks}, s);
+  std::vector<mx::array> out = {packed, scales};
+  if (gs) {
+    out.push_back(mx::astype(*gs, mx::float32, s));
+  }
+  return out;
+}
+
+void check_packed(const mx::array& packed, const char* op, const char* arg) {
+  if (packed.ndim() != 2) {
+    throw_invalid("[", op, "] ", arg, " must be 2-D [N, packed] but got shape ",
+                  shape_str(packed.shape()), ".");
+  }
+  if (packed.dtype() != mx::uint8 && packed.dtype() != mx::uint32) {
+    throw_invalid("[", op, "] ", arg, " must be uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)] but got dtype ",
+                  dtype_str(packed.dtype()), ".");
+  }
+}
+
+mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevice s) {
+  if (gs.size() != 1) {
+    throw_invalid("[", op, "] global_scale must be a scalar (shape () or (1,)) but got shape ",
+                  shape_str(gs.shape()), ".");
+  }
+  if (!mx::issubdtype(gs.dtype(), mx::floating)) {
+    throw_invalid("[", op, "] global_scale must be float32 but got dtype ", dtype_str(gs.dtype()), ".");
+  }
+  return mx::reshape(mx::astype(gs, mx::float32, s), {}, s);
+}
+
+// fp32 [N, k] weights: e2m1 * e4m3, exact. `packed` is uint8 or uint32; nibble j of an element
+// sits at bits 4j..4j+3 (little-endian order), so both layouts decode without a view node.
+mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, mx::StreamOrDevice s) {
+  const int n = packed.shape(0);
+  const int per_element = static_cast<int>(packed.itemsize()) * fp4::kValuesPerByte;
+  const int ncodes = packed.shape(1) * per_element;
+  const int blocks = scales.shape(1);
+  auto b = mx::astype(packed, mx::uint32, s);
+  std::vector<mx::array> nibbles;
+  for (int j = 0; j < per_element; ++j) {
+    nibbles.push_back(mx::bitwise_and(mx::right_shift(b, u32(fp4::kNibbleBits * j), s), u32(fp4::kNibbleMask), s));
+  }
+  auto codes = mx::reshape(mx::stack(nibbles, -1, s), {n, ncodes}, s);
+  const int kpad = blocks * fp4::kBlockSize;
+  if (ncodes < kpad) {
+    codes = mx::pad(codes, {{0, 0}, {0, kpad - ncodes}}, u32(0), "constant", s);
+  } else {
+    codes = mx::slice(codes, {0, 0}, {n, kpad}, s);
+  }
+  auto values = mx::reshape(mx::take(e2m1_table(), codes, s), {n, blocks, fp4::kBlockSize}, s);
+  auto scale_values = mx::take(e4m3_table(), mx::astype(scales, mx::uint32, s), s);
+  auto w = mx::multiply(values, mx::expand_dims(scale_values, -1, s), s);
+  return mx::slice(mx::reshape(w, {n, kpad}, s), {0, 0}, {n, k}, s);
+}
+
+mx::array dequantize(
+    const mx::array& packed,
+    const mx::array& scales,
+    std::optional<int> k_opt,
+    const std::optional<mx::array>& global_scale,
+    mx::Dtype dtype,
+    mx::StreamOrDevice s) {
+  check_packed(packed, "dequantize", "packed");
+  const int n = packed.shape(0);
+  const int nbytes = packed.shape(1) * static_cast<int>(packed.itemsize());
+  const int k = k_opt.value_or(2 * nbytes);
+  if (k < 1 || k > 2 * nbytes) {
+    throw_invalid("[dequantize] k must be in [1, ", 2 * nbytes, "] for packed of shape ",
+                  shape_str(packed.shape()), " but got ", k, ".");
+  }
+  if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16) {
+    throw_invalid("[dequantize] dtype must be float16, bfloat16 or float32 but got ", dtype_str(dtype), ".");
+  }
+  const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k));
+  if (scales.dtype() != mx::uint8 || scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != blocks) {
+    throw_invalid("[dequantize] scales must be uint8 of shape (N, ceil(k/16)) = (", n, ", ", blocks,
+                  ") but got ", dtype_str(scales.dtype()), " ", shape_str(scales.shape()), ".");
+  }
+  auto w = decode_f32(packed, scales, k, s);
+  if (global_scale) {
+    w = mx::multiply(w, global_scale_f32(*global_scale, "dequantize", s), s);
+  }
+  return mx::astype(w, dtype, s);
+}
+
+}  // namespace mlx_fp4

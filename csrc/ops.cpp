@@ -1,0 +1,248 @@
+// w4a16_matmul: validates every argument once, canonicalizes the epilogue operands, and adds
+// one W4A16Matmul node to the graph. Also the same math in plain MLX ops (reference_ops).
+#include <algorithm>
+
+#include "errors.h"
+#include "format_tables.h"
+#include "mlx/ops.h"
+#include "mlx_fp4.h"
+#include "primitives.h"
+
+namespace mlx_fp4 {
+namespace {
+
+constexpr const char* kOp = "w4a16_matmul";
+
+bool is_supported_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d == mx::bfloat16; }
+
+// Shape facts every path needs, checked once.
+struct Checked {
+  mx::array x;
+  mx::array w_bytes;  // uint8 [N, bytes] or uint32 [N, words]: the same bytes
+  mx::array scales;
+  std::optional<mx::array> gs;
+  mx::Dtype out_dtype;
+  mx::Shape out_shape;
+  int n;
+  int k;
+};
+
+Checked check(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    std::optional<mx::Dtype> out_dtype,
+    mx::StreamOrDevice s) {
+  if (x.ndim() < 1) {
+    throw_invalid("[", kOp, "] x must have at least 1 dimension [..., K] but got a scalar.");
+  }
+  if (!is_supported_float(x.dtype())) {
+    throw_invalid("[", kOp, "] x must be float16, bfloat16 or float32 but got ", dtype_str(x.dtype()), ".");
+  }
+  const int k = x.shape(-1);
+  if (k < 1) {
+    throw_invalid("[", kOp, "] x must have K >= 1 (its last dimension) but got shape ", shape_str(x.shape()), ".");
+  }
+  if (w.ndim() != 2) {
+    throw_invalid("[", kOp, "] w must be 2-D [N, ceil(K/2)] uint8 or [N, ceil(K/8)] uint32 but got shape ",
+                  shape_str(w.shape()), ".");
+  }
+  const int n = w.shape(0);
+  const int64_t bytes_u8 = fp4::packed_bytes_for_k(k);
+  const int64_t words = fp4::packed_words_for_k(k);
+  if (w.dtype() == mx::uint32) {
+    if (w.shape(1) != words) {
+      throw_invalid("[", kOp, "] w (uint32) must have shape (N, ceil(K/8)) = (", n, ", ", words,
+                    ") for K = ", k, " (from x) but got ", shape_str(w.shape()), ".");
+    }
+  } else if (w.dtype() == mx::uint8) {
+    // MLX's uint32 layout viewed as bytes is also accepted: 4 * ceil(K/8) bytes per row.
+    if (w.shape(1) != bytes_u8 && w.shape(1) != 4 * words) {
+      throw_invalid("[", kOp, "] w (uint8) must have shape (N, ceil(K/2)) = (", n, ", ", bytes_u8,
+                    ") for K = ", k, " (from x) but got ", shape_str(w.shape()), ".");
+    }
+  } else {
+    throw_invalid("[", kOp, "] w must be uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)] but got dtype ",
+                  dtype_str(w.dtype()), ".");
+  }
+  const int64_t blocks = fp4::scale_blocks_for_k(k);
+  if (scales.dtype() != mx::uint8) {
+    throw_invalid("[", kOp, "] scales must be uint8 (E4M3 bits) but got dtype ", dtype_str(scales.dtype()), ".");
+  }
+  if (scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != blocks) {
+    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/16)) = (", n, ", ", blocks, ") but got ",
+                  shape_str(scales.shape()), ".");
+  }
+  mx::Dtype od = out_dtype.value_or(x.dtype());
+  if (!is_supported_float(od)) {
+    throw_invalid("[", kOp, "] out_dtype must be float16, bfloat16 or float32 but got ", dtype_str(od), ".");
+  }
+  std::optional<mx::array> gs;
+  if (global_scale) {
+    gs = global_scale_f32(*global_scale, kOp, s);
+  }
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = n;
+  // Kernels read either layout as bytes; no view node, so shapeless compile keeps working.
+  return Checked{x, w, scales, gs, od, out_shape, n, k};
+}
+
+// Classify and canonicalize one operand against the output shape (see OperandKind).
+std::pair<int, mx::array> canonical_operand(
+    const mx::array& t, const mx::Shape& out_shape, int index, mx::StreamOrDevice s) {
+  const int on = static_cast<int>(out_shape.size());
+  if (static_cast<int>(t.ndim()) > on) {
+    throw_invalid("[", kOp, "] epilogue operand ", index, " must broadcast to the output shape ",
+                  shape_str(out_shape), " but got shape ", shape_str(t.shape()), ".");
+  }
+  bool varies_col = false;
+  bool varies_row = false;
+  const int offset = on - static_cast<int>(t.ndim());
+  for (int i = 0; i < static_cast<int>(t.ndim()); ++i) {
+    int od = out_shape[offset + i];
+    int td = t.shape(i);
+    if (td != 1 && td != od) {
+      throw_invalid("[", kOp, "] epilogue operand ", index, " must broadcast to the output shape ",
+                    shape_str(out_shape), " but got shape ", shape_str(t.shape()), ".");
+    }
+    if (td != 1) {
+      (offset + i == on - 1 ? varies_col : varies_row) = true;
+    }
+  }
+  auto v = is_supported_float(t.dtype()) ? t : mx::astype(t, mx::float32, s);
+  const int n = out_shape.back();
+  mx::Shape row_shape = out_shape;
+  row_shape.back() = 1;
+  if (!varies_col && !varies_row) {
+    return {fp4::kOperandScalar, mx::reshape(v, {}, s)};
+  }
+  if (varies_col && !varies_row) {
+    return {fp4::kOperandCol, mx::reshape(v, {n}, s)};
+  }
+  if (!varies_col) {
+    return {fp4::kOperandRow, mx::contiguous(mx::broadcast_to(v, row_shape, s), false, s)};
+  }
+  return {fp4::kOperandFull, mx::contiguous(mx::broadcast_to(v, out_shape, s), false, s)};
+}
+
+bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
+
+void check_epilogue(const std::vector<EpilogueSpec>& epilogue) {
+  if (epilogue.size() > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
+    throw_invalid("[", kOp, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ",
+                  epilogue.size(), ".");
+  }
+  int operands = 0;
+  for (size_t i = 0; i < epilogue.size(); ++i) {
+    const auto& op = epilogue[i];
+    if (op.code < 0 || op.code >= fp4::kEpiNumCodes) {
+      throw_invalid("[", kOp, "] epilogue op ", i, " has unknown code ", op.code, ".");
+    }
+    if (op.operand && !takes_operand(op.code)) {
+      throw_invalid("[", kOp, "] epilogue op ", i, " takes no tensor operand but got one.");
+    }
+    operands += op.operand ? 1 : 0;
+  }
+  if (operands > fp4::kMaxEpilogueOperands) {
+    throw_invalid("[", kOp, "] epilogue must have at most ", fp4::kMaxEpilogueOperands,
+                  " tensor operands but got ", operands, ".");
+  }
+}
+
+// fp32 MLX-ops version of one epilogue op.
+mx::array apply_op_ops(const mx::array& v, const EpilogueSpec& op, mx::StreamOrDevice s) {
+  auto opnd = op.operand ? mx::astype(*op.operand, mx::float32, s) : mx::array(op.p0, mx::float32);
+  const float kInvSqrt2 = 0.70710678118654752f;
+  const float kSqrt2OverPi = 0.79788456080286536f;
+  const float kGeluCubic = 0.044715f;
+  auto half = mx::array(0.5f);
+  auto one = mx::array(1.0f);
+  switch (op.code) {
+    case fp4::kEpiAdd: return mx::add(v, opnd, s);
+    case fp4::kEpiMul: return mx::multiply(v, opnd, s);
+    case fp4::kEpiScale: return mx::multiply(v, mx::array(op.p0), s);
+    case fp4::kEpiRelu: return mx::where(mx::less(v, mx::array(0.0f), s), mx::array(0.0f), v, s);
+    case fp4::kEpiSilu: return mx::multiply(v, mx::sigmoid(v, s), s);
+    case fp4::kEpiGelu:
+      return mx::multiply(mx::multiply(half, v, s), mx::add(one, mx::erf(mx::multiply(v, mx::array(kInvSqrt2), s), s), s), s);
+    case fp4::kEpiGeluApprox: {
+      auto cube = mx::multiply(mx::multiply(v, v, s), v, s);
+      auto inner = mx::multiply(mx::array(kSqrt2OverPi), mx::add(v, mx::multiply(mx::array(kGeluCubic), cube, s), s), s);
+      return mx::multiply(mx::multiply(half, v, s), mx::add(one, mx::tanh(inner, s), s), s);
+    }
+    case fp4::kEpiSigmoid: return mx::sigmoid(v, s);
+    case fp4::kEpiTanh: return mx::tanh(v, s);
+    case fp4::kEpiClamp:
+      return mx::where(mx::less(v, mx::array(op.p0), s), mx::array(op.p0),
+                       mx::where(mx::greater(v, mx::array(op.p1), s), mx::array(op.p1), v, s), s);
+    default: return v;
+  }
+}
+
+}  // namespace
+
+mx::array w4a16_matmul(
+    const mx::array& x_in,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    mx::StreamOrDevice s) {
+  auto c = check(x_in, w, scales, global_scale, out_dtype, s);
+  check_epilogue(epilogue);
+  auto stream = mx::to_stream(s);
+
+  std::vector<mx::array> inputs = {
+      mx::contiguous(c.x, false, s), mx::contiguous(c.w_bytes, false, s), mx::contiguous(c.scales, false, s)};
+  if (c.gs) {
+    inputs.push_back(*c.gs);
+  }
+  std::vector<fp4::EpilogueOp> ops;
+  std::vector<int> kinds;
+  for (size_t i = 0; i < epilogue.size(); ++i) {
+    const auto& spec = epilogue[i];
+    fp4::EpilogueOp op{spec.code, -1, spec.p0, spec.p1};
+    if (spec.operand) {
+      auto [kind, arr] = canonical_operand(*spec.operand, c.out_shape, static_cast<int>(i), s);
+      op.operand = static_cast<int>(kinds.size());
+      kinds.push_back(kind);
+      inputs.push_back(arr);
+    }
+    ops.push_back(op);
+  }
+  return mx::array(
+      c.out_shape,
+      c.out_dtype,
+      std::make_shared<W4A16Matmul>(stream, c.out_dtype, c.gs.has_value(), std::move(ops), std::move(kinds)),
+      std::move(inputs));
+}
+
+mx::array w4a16_matmul_reference_ops(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    mx::StreamOrDevice s) {
+  auto c = check(x, w, scales, global_scale, out_dtype, s);
+  check_epilogue(epilogue);
+  for (size_t i = 0; i < epilogue.size(); ++i) {
+    if (epilogue[i].operand) {
+      canonical_operand(*epilogue[i].operand, c.out_shape, static_cast<int>(i), s);  // validates
+    }
+  }
+  auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
+  auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
+  if (c.gs) {
+    y = mx::multiply(y, *c.gs, s);
+  }
+  for (const auto& op : epilogue) {
+    y = apply_op_ops(y, op, s);
+  }
+  return mx::astype(y, c.out_dtype, s);
+}
+
+}  // namespace mlx_fp4

@@ -1,0 +1,222 @@
+// W4A16Matmul: state, shape inference and transforms. Gradients and forward-mode derivatives
+// come from the MLX-ops version of the same math (w4a16_matmul_reference_ops), which MLX
+// differentiates; vmap re-issues the op with the mapped axis folded into the rows.
+#include "primitives.h"
+
+#include <cstring>
+
+#include "errors.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
+
+namespace mlx_fp4 {
+
+int operand_dtype_code(mx::Dtype dtype) {
+  if (dtype == mx::float32) return fp4::kDtypeF32;
+  if (dtype == mx::float16) return fp4::kDtypeF16;
+  if (dtype == mx::bfloat16) return fp4::kDtypeBF16;
+  throw std::runtime_error("[W4A16Matmul] unsupported dtype " + dtype_str(dtype));
+}
+
+W4A16Matmul::W4A16Matmul(
+    mx::Stream stream,
+    mx::Dtype out_dtype,
+    bool has_global_scale,
+    std::vector<fp4::EpilogueOp> ops,
+    std::vector<int> operand_kinds)
+    : mx::Primitive(stream),
+      out_dtype_(out_dtype),
+      has_global_scale_(has_global_scale),
+      ops_(std::move(ops)),
+      operand_kinds_(std::move(operand_kinds)) {}
+
+bool W4A16Matmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const W4A16Matmul&>(other);
+  if (out_dtype_ != o.out_dtype_ || has_global_scale_ != o.has_global_scale_ ||
+      operand_kinds_ != o.operand_kinds_ || ops_.size() != o.ops_.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    // Bitwise comparison of the constants: -0.0 and NaN constants are distinct chains.
+    if (std::memcmp(&ops_[i], &o.ops_[i], sizeof(fp4::EpilogueOp)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<mx::Shape> W4A16Matmul::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[kInputX].shape();
+  shape.back() = inputs[kInputW].shape(0);
+  return {shape};
+}
+
+fp4::W4A16Problem W4A16Matmul::problem(const std::vector<mx::array>& inputs, const mx::array& out) const {
+  const auto& x = inputs[kInputX];
+  fp4::W4A16Problem p{};
+  p.k = x.shape(-1);
+  p.m = p.k > 0 ? static_cast<int64_t>(x.size()) / p.k : 0;
+  p.n = inputs[kInputW].shape(0);
+  p.w_row_bytes = inputs[kInputW].shape(1) * static_cast<int64_t>(inputs[kInputW].itemsize());
+  p.scale_row_bytes = inputs[kInputScales].shape(1);
+  p.x_dtype = operand_dtype_code(x.dtype());
+  p.out_dtype = operand_dtype_code(out.dtype());
+  p.has_global_scale = has_global_scale_ ? 1 : 0;
+  p.num_ops = static_cast<int>(ops_.size());
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    p.ops[i] = ops_[i];
+  }
+  p.num_operands = static_cast<int>(operand_kinds_.size());
+  for (size_t i = 0; i < operand_kinds_.size(); ++i) {
+    p.operand_kind[i] = operand_kinds_[i];
+    p.operand_dtype[i] = operand_dtype_code(inputs[operand_input_index(static_cast<int>(i))].dtype());
+  }
+  return p;
+}
+
+std::vector<EpilogueSpec> W4A16Matmul::epilogue_specs(const std::vector<mx::array>& inputs) const {
+  std::vector<EpilogueSpec> specs;
+  for (const auto& op : ops_) {
+    EpilogueSpec spec{op.code, std::nullopt, op.p0, op.p1};
+    if (op.operand >= 0) {
+      spec.operand = inputs[operand_input_index(op.operand)];
+    }
+    specs.push_back(spec);
+  }
+  return specs;
+}
+
+namespace {
+
+// Differentiable inputs: x and the operands. Returns their positions in the primal list.
+std::vector<int> differentiable_positions(const W4A16Matmul& p, size_t num_inputs) {
+  std::vector<int> pos = {kInputX};
+  for (size_t i = 0; i < p.operand_kinds().size(); ++i) {
+    pos.push_back(p.operand_input_index(static_cast<int>(i)));
+  }
+  (void)num_inputs;
+  return pos;
+}
+
+void check_argnums(const W4A16Matmul& p, const std::vector<int>& argnums) {
+  for (int a : argnums) {
+    if (a == kInputW || a == kInputScales || (p.has_global_scale() && a == kInputFirstOptional)) {
+      throw std::invalid_argument(
+          "[w4a16_matmul] gradients with respect to w, scales and global_scale are not supported "
+          "(as in mx.quantized_matmul); differentiate with respect to x or the epilogue operands.");
+    }
+  }
+}
+
+// The op as a function of (x, operands...) with w, scales and the global scale held fixed.
+std::function<std::vector<mx::array>(const std::vector<mx::array>&)> as_function_of_differentiable(
+    W4A16Matmul& p, const std::vector<mx::array>& primals, const std::vector<EpilogueSpec>& specs) {
+  std::optional<mx::array> gs;
+  if (p.has_global_scale()) {
+    gs = primals[kInputFirstOptional];
+  }
+  auto w = primals[kInputW];
+  auto scales = primals[kInputScales];
+  auto out_dtype = p.out_dtype();
+  auto stream = p.stream();
+  return [=](const std::vector<mx::array>& args) {
+    auto sp = specs;
+    int next = 1;
+    for (auto& spec : sp) {
+      if (spec.operand) {
+        spec.operand = args[next++];
+      }
+    }
+    return std::vector<mx::array>{w4a16_matmul_reference_ops(args[0], w, scales, gs, sp, out_dtype, stream)};
+  };
+}
+
+}  // namespace
+
+std::vector<mx::array> W4A16Matmul::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  check_argnums(*this, argnums);
+  auto pos = differentiable_positions(*this, primals.size());
+  std::vector<mx::array> args;
+  for (int i : pos) {
+    args.push_back(primals[i]);
+  }
+  auto fn = as_function_of_differentiable(*this, primals, epilogue_specs(primals));
+  auto [outs, grads] = mx::vjp(fn, args, cotangents);
+  std::vector<mx::array> result;
+  for (int a : argnums) {
+    auto it = std::find(pos.begin(), pos.end(), a);
+    result.push_back(grads[it - pos.begin()]);
+  }
+  return result;
+}
+
+std::vector<mx::array> W4A16Matmul::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  check_argnums(*this, argnums);
+  auto pos = differentiable_positions(*this, primals.size());
+  std::vector<mx::array> args;
+  std::vector<mx::array> tans;
+  for (int i : pos) {
+    args.push_back(primals[i]);
+    auto it = std::find(argnums.begin(), argnums.end(), i);
+    tans.push_back(it == argnums.end() ? mx::zeros_like(primals[i], stream())
+                                       : mx::astype(tangents[it - argnums.begin()], primals[i].dtype(), stream()));
+  }
+  auto fn = as_function_of_differentiable(*this, primals, epilogue_specs(primals));
+  auto [outs, out_tangents] = mx::jvp(fn, args, tans);
+  return out_tangents;
+}
+
+std::pair<std::vector<mx::array>, std::vector<int>> W4A16Matmul::vmap(
+    const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
+  auto s = stream();
+  for (int i : {static_cast<int>(kInputW), static_cast<int>(kInputScales)}) {
+    if (axes[i] >= 0) {
+      throw std::invalid_argument("[w4a16_matmul] vmap over w or scales is not supported; map x or the epilogue operands.");
+    }
+  }
+  if (has_global_scale_ && axes[kInputFirstOptional] >= 0) {
+    throw std::invalid_argument("[w4a16_matmul] vmap over global_scale is not supported.");
+  }
+  // Batch size and the output rank once the mapped axis leads.
+  int batch = -1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (axes[i] >= 0) {
+      batch = inputs[i].shape(axes[i]);
+    }
+  }
+  auto x = inputs[kInputX];
+  if (axes[kInputX] >= 0) {
+    x = mx::moveaxis(x, axes[kInputX], 0, s);
+  } else {
+    mx::Shape shape = x.shape();
+    shape.insert(shape.begin(), batch);
+    x = mx::broadcast_to(mx::expand_dims(x, 0, s), shape, s);
+  }
+  const int out_ndim = static_cast<int>(x.ndim());  // batch + leading dims + N
+  auto specs = epilogue_specs(inputs);
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].operand < 0) continue;
+    int idx = operand_input_index(ops_[i].operand);
+    if (axes[idx] < 0) continue;  // unmapped operands broadcast over the batch as they are
+    auto t = mx::moveaxis(inputs[idx], axes[idx], 0, s);
+    mx::Shape shape = t.shape();
+    // Keep the batch axis first and right-align the rest with the output.
+    shape.insert(shape.begin() + 1, out_ndim - static_cast<int>(t.ndim()), 1);
+    specs[i].operand = mx::reshape(t, shape, s);
+  }
+  std::optional<mx::array> gs;
+  if (has_global_scale_) {
+    gs = inputs[kInputFirstOptional];
+  }
+  auto out = w4a16_matmul(x, inputs[kInputW], inputs[kInputScales], gs, specs, out_dtype_, s);
+  return {{out}, {0}};
+}
+
+}  // namespace mlx_fp4

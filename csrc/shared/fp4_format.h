@@ -1,0 +1,83 @@
+// The NVFP4 weight format, defined once for C++, CUDA and Metal.
+// W[n, k] = e2m1(nibble) * e4m3(scale[n, k / kBlockSize]) * alpha, two nibbles per byte,
+// low nibble = even k. See FORMAT.md for the layout and the checkpoint dialects.
+#pragma once
+#include "portable.h"
+
+namespace fp4 {
+
+// Weights that share one E4M3 scale, along K.
+FP4_CONST int kBlockSize = 16;
+// FP4 values per packed byte, and per MLX uint32 word.
+FP4_CONST int kValuesPerByte = 2;
+FP4_CONST int kValuesPerWord = 8;
+FP4_CONST int kNibbleBits = 4;
+FP4_CONST uint32_t kNibbleMask = 0xF;
+
+// E2M1: 1 sign bit, 2 exponent bits (bias 1), 1 mantissa bit; no Inf or NaN.
+FP4_CONST uint32_t kE2M1SignBit = 0x8;
+FP4_CONST uint32_t kE2M1MagMask = 0x7;
+FP4_CONST float kE2M1Max = 6.0f;
+
+// E4M3FN: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; 0x7F/0xFF are NaN, no Inf.
+FP4_CONST uint32_t kE4M3SignBit = 0x80;
+FP4_CONST uint32_t kE4M3MagMask = 0x7F;
+FP4_CONST uint32_t kE4M3NaNMag = 0x7F;
+FP4_CONST int kE4M3MantissaBits = 3;
+FP4_CONST int kE4M3Bias = 7;
+FP4_CONST int kE4M3MinNormalExp = 1 - kE4M3Bias;  // 2^-6
+FP4_CONST float kE4M3Max = 448.0f;
+// amax of a tensor maps to kE2M1Max * kE4M3Max under a per-tensor global scale (ModelOpt).
+FP4_CONST float kGlobalScaleDenominator = kE2M1Max * kE4M3Max;  // 2688
+
+// Exact decode of an E2M1 code (low 4 bits used). Pure integer-to-float arithmetic: no
+// denormal intermediates, so Apple GPUs that flush f32/bf16 denormals decode +-0.5 right.
+FP4_FN float e2m1_to_float(uint32_t code) {
+  uint32_t mag = code & kE2M1MagMask;
+  uint32_t e = mag >> 1;
+  uint32_t m = mag & 1u;
+  // e == 0: subnormal m * 0.5; else (1 + m/2) * 2^(e-1) = (2 + m) * 2^e / 4.
+  float v = (e == 0u) ? 0.5f * float(m) : float(2u + m) * float(1u << e) * 0.25f;
+  return (code & kE2M1SignBit) ? -v : v;
+}
+
+// Exact decode of an E4M3FN byte; 0x7F and 0xFF are NaN (MLX decodes them as +-480).
+FP4_FN float e4m3_to_float(uint32_t code) {
+  uint32_t mag = code & kE4M3MagMask;
+  if (mag == kE4M3NaNMag) {
+    return fp4_math::bits_to_float(0x7FC00000u);
+  }
+  uint32_t e = mag >> kE4M3MantissaBits;
+  uint32_t m = mag & ((1u << kE4M3MantissaBits) - 1u);
+  // Subnormal: m * 2^-9. Normal: (8 + m) * 2^(e - 10). 2^-10 is a normal float: exact.
+  const float two_pow_minus_9 = 1.0f / 512.0f;
+  const float two_pow_minus_10 = 1.0f / 1024.0f;
+  float v = (e == 0u) ? float(m) * two_pow_minus_9
+                      : float(8u + m) * float(1u << e) * two_pow_minus_10;
+  return (code & kE4M3SignBit) ? -v : v;
+}
+
+// Round-to-nearest-even thresholds of E2M1 on |x|: code c+1 wins when |x| passes
+// kE2M1Edges[c]; "inclusive" edges are ties that round up to an even mantissa.
+FP4_CONST int kE2M1NumEdges = 7;
+FP4_FN float e2m1_edge(int i) {
+  // Midpoints between 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+  return i == 0 ? 0.25f : i == 1 ? 0.75f : i == 2 ? 1.25f : i == 3 ? 1.75f
+       : i == 4 ? 2.5f : i == 5 ? 3.5f : 5.0f;
+}
+// Ties at 0.75, 1.75 and 3.5 go up (to 1.0, 2.0, 4.0: even mantissa); the others go down.
+FP4_FN bool e2m1_edge_tie_rounds_up(int i) { return i == 1 || i == 3 || i == 5; }
+
+// E2M1 encode of one float, round-to-nearest-even, saturating at 6; NaN encodes as 0.
+FP4_FN uint32_t float_to_e2m1(float x) {
+  float a = fp4_math::abs(x);
+  uint32_t code = 0;
+  for (int i = 0; i < kE2M1NumEdges; ++i) {
+    float edge = e2m1_edge(i);
+    code += (a > edge || (a == edge && e2m1_edge_tie_rounds_up(i))) ? 1u : 0u;
+  }
+  bool neg = fp4_math::copysign(1.0f, x) < 0.0f;
+  return code | (neg ? kE2M1SignBit : 0u);
+}
+
+}  // namespace fp4

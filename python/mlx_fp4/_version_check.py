@@ -1,0 +1,35 @@
+"""Fail fast, with one actionable message, when the running MLX is not the one we were built against."""
+
+import mlx.core as mx
+
+
+def check_mlx_version() -> None:
+    try:
+        from ._build_info import MLX_VERSION as built
+    except ImportError as e:  # the compiled extension is missing entirely
+        raise ImportError(
+            "mlx_fp4's compiled extension is missing. Reinstall it: pip install --force-reinstall "
+            "--no-deps . (add [cpu] on Linux), or run tools/dev-build.sh for a development tree."
+        ) from e
+    running = mx.__version__
+    if running.split(".dev")[0] != built:
+        raise ImportError(
+            f"mlx_fp4 was built against mlx=={built} but mlx=={running} is installed; MLX's C++ ABI "
+            f"changes between releases. Reinstall one of them: pip install 'mlx=={built}' "
+            f"(Linux: 'mlx[cpu]=={built}'), or rebuild mlx_fp4 against the installed MLX."
+        )
+    try:
+        from . import _ext
+    except ImportError as e:
+        raise ImportError(
+            f"mlx_fp4's extension failed to load against mlx=={running} ({e}). Reinstall mlx_fp4 against "
+            "this MLX (pip install --force-reinstall --no-deps --no-build-isolation .)."
+        ) from e
+    # One round trip proves nanobind sees MLX's array type (a nanobind ABI mismatch fails here).
+    try:
+        _ext.dequantize(mx.zeros((1, 1), dtype=mx.uint8), mx.zeros((1, 1), dtype=mx.uint8), k=1)
+    except TypeError as e:
+        raise ImportError(
+            "mlx_fp4's extension cannot exchange arrays with this MLX (nanobind ABI mismatch: MLX 0.32.4 "
+            f"needs nanobind 3.x at build time). Rebuild mlx_fp4. Detail: {e}"
+        ) from e
