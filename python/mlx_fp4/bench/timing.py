@@ -1,0 +1,109 @@
+"""How one number is measured: warm-up, batched products per eval, median of repeats, time budget.
+
+A *runner* is a callable ``run(count) -> seconds`` that builds ``count`` independent products
+(each on the next weight copy) outside the clock, then times only their evaluation (``mx.eval``
++ ``mx.synchronize`` for MLX, the calls themselves for NumPy). Dividing by ``count`` removes the
+per-eval launch overhead that dominates small problems on a GPU.
+"""
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+OK = "ok"
+SKIPPED_BUDGET = "skipped (budget)"
+
+
+@dataclass
+class TimingConfig:
+    repeats: int = 5  # timed evals per point (fewer if the budget runs out; at least one)
+    budget_s: float = 30.0  # wall-time cap per (point, implementation); inf disables skipping
+    target_eval_s: float = 0.005  # grow products per eval until one eval lasts this long
+    max_products: int = 32  # most independent products evaluated by one mx.eval
+
+    def describe(self) -> str:
+        return (
+            f"per point: one warm-up eval of 1 product (plus one of P products when cheap), then the median "
+            f"of up to {self.repeats} timed evals; each eval runs P independent products (P = "
+            f"ceil({self.target_eval_s * 1e3:g} ms / warm-up time), 1..{self.max_products}), each on the "
+            f"next rotated weight copy; time per product = eval wall time / P; graph construction is outside "
+            f"the clock; the clock stops after mx.eval + mx.synchronize; a point whose predicted time exceeds "
+            f"the {self.budget_s:g} s budget is reported as '{SKIPPED_BUDGET}'"
+        )
+
+
+@dataclass
+class Measurement:
+    status: str = OK
+    seconds: Optional[float] = None  # median time per product
+    seconds_min: Optional[float] = None
+    repeats: int = 0
+    products_per_eval: int = 0
+    warmup_evals: int = 0
+    predicted_s: Optional[float] = None  # extrapolated time per product used for the budget decision
+    wall_s: float = 0.0  # wall time spent measuring this point
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optional[float] = None) -> Measurement:
+    """Time one (point, implementation) with ``run(count) -> seconds for count products``."""
+    start = time.perf_counter()
+    res = Measurement(predicted_s=predicted_s)
+    budget = cfg.budget_s
+    if predicted_s is not None and predicted_s > budget:
+        res.status = SKIPPED_BUDGET
+        return res
+    if predicted_s is not None and 2.0 * predicted_s > budget:
+        # Room for one product only: a single timed run, no warm-up (one-time costs are
+        # negligible next to a call this slow).
+        t = run(1)
+        res.seconds = res.seconds_min = t
+        res.repeats = res.products_per_eval = 1
+        res.wall_s = time.perf_counter() - start
+        return res
+
+    t_warm = run(1)
+    res.warmup_evals = 1
+    products = max(1, min(cfg.max_products, math.ceil(cfg.target_eval_s / max(t_warm, 1e-9))))
+    per_product = t_warm
+    if t_warm * products < 0.1 * budget and products > 1:
+        # Second warm-up at the batched size; its estimate is closer to the steady state.
+        per_product = run(products) / products
+        res.warmup_evals = 2
+    left = budget - (time.perf_counter() - start)
+    repeats = max(1, min(cfg.repeats, int(left // max(per_product * products, 1e-12))))
+    times = [run(products) / products for _ in range(repeats)]
+    res.seconds = statistics.median(times)
+    res.seconds_min = min(times)
+    res.repeats = repeats
+    res.products_per_eval = products
+    res.wall_s = time.perf_counter() - start
+    return res
+
+
+class Extrapolator:
+    """Predicts the time of an M from the last measured M of the same (shape, implementation).
+
+    Time is assumed linear in M: exact for compute-bound runs, an overestimate for bandwidth-bound
+    ones, so the budget errs towards skipping. Used only to decide what the budget allows.
+    """
+
+    def __init__(self):
+        self._last = {}
+
+    def record(self, key, m: int, seconds: Optional[float]) -> None:
+        if seconds is not None and seconds > 0:
+            self._last[key] = (m, seconds)
+
+    def predict(self, key, m: int) -> Optional[float]:
+        if key not in self._last:
+            return None
+        m0, t0 = self._last[key]
+        return t0 * max(m, 1) / max(m0, 1)
+
+    def known(self, key) -> bool:
+        return key in self._last
