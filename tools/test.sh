@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command of the README: sets up everything on a fresh Linux or macOS machine, then runs
+# the suite. Creates .venv, installs mlx_fp4 (non-editable, as users get it) with its test extras,
+# installs clang-19 for the Metal-on-CPU simulator when apt-get is usable, and runs pytest.
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+if [ "$(uname -s)" = "Linux" ] && ! command -v clang++-19 >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "== installing clang-19 (Metal kernel simulator)"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq clang-19 >/dev/null \
+    || echo "clang-19 unavailable: the Metal simulator tests will be skipped"
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if [ "$(uname -s)" = "Linux" ]; then EXTRAS="cpu,test"; else EXTRAS="test"; fi
+echo "== pip install .[$EXTRAS]"
+.venv/bin/python -m pip install -q ".[$EXTRAS]"
+echo "== pytest"
+# Run from tests/ so that `import mlx_fp4` resolves to the installed package, not python/.
+.venv/bin/python -m pytest tests -q -ra "$@"
