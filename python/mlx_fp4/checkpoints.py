@@ -71,8 +71,12 @@ def _err(msg):
     return ValueError(f"[load_nvfp4] {msg}")
 
 
+def _dt(dtype) -> str:
+    return str(dtype).rpartition(".")[2]
+
+
 def _desc(a: mx.array) -> str:
-    return f"{a.dtype} {list(a.shape)}"
+    return f"{_dt(a.dtype)} {list(a.shape)}"
 
 
 # --------------------------------------------------------------------------- #

@@ -80,12 +80,16 @@ def _as_global_scale(value, where="FP4Linear.global_scale"):
             )
         if not mx.issubdtype(value.dtype, mx.floating):
             raise ValueError(
-                f"[{where}] expected a floating dtype but got {value.dtype}."
+                f"[{where}] expected a floating dtype but got {_dt(value.dtype)}."
             )
         return value.reshape(()).astype(mx.float32)
     raise ValueError(
         f"[{where}] expected None, a float or an mx.array but got {type(value).__name__}."
     )
+
+
+def _dt(dtype) -> str:
+    return str(dtype).rpartition(".")[2]
 
 
 def _linear_kind(m) -> Optional[str]:
@@ -224,7 +228,7 @@ class FP4Linear(nn.QuantizedLinear):
         if w.dtype != mx.uint32 or w.ndim != 2:
             raise ValueError(
                 "[FP4Linear.from_quantized] weight expected uint32 [N, K/8] but got "
-                f"{w.dtype} {tuple(w.shape)}."
+                f"{_dt(w.dtype)} {list(w.shape)}."
             )
         output_dims, input_dims = w.shape[0], w.shape[1] * 8
         ql = cls._empty(input_dims, output_dims)
@@ -314,7 +318,7 @@ def _check_scales(scales, n, k, where, name="scales"):
     if scales.dtype != mx.uint8 or tuple(scales.shape) != want:
         raise ValueError(
             f"[{where}] {name} expected uint8 {list(want)} but got "
-            f"{scales.dtype} {list(scales.shape)}."
+            f"{_dt(scales.dtype)} {list(scales.shape)}."
         )
 
 
