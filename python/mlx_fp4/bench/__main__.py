@@ -87,9 +87,9 @@ def main(argv=None) -> int:
           f"commit {(info['git']['commit'] or 'unknown')[:12]}; threads: {threads} CPUs, "
           f"mlx_fp4 {info['threads']['mlx_fp4']}, numpy BLAS {info['threads']['numpy_blas']['threads']}")
     print(f"timing: {cfg.describe()}")
-    print(f"cache defeat: weight copies rotated over >= {rotate_bytes / 1e6:.0f} MB "
-          f"(last-level cache {llc / 2**20 if llc else float('nan'):.0f} MiB), at most {baselines.MAX_COPIES} "
-          f"copies and {mem_cap / 1e9:.1f} GB per implementation")
+    llc_note = f" (CPU last-level cache {llc / 2**20:.0f} MiB)" if device == "cpu" and llc else ""
+    print(f"cache defeat: weight copies rotated over >= {rotate_bytes / 1e6:.0f} MB{llc_note}, at most "
+          f"{baselines.MAX_COPIES} copies and {mem_cap / 1e9:.1f} GB per implementation")
 
     load = info["load_average_1m_at_start"]
     if device == "cpu" and load is not None and load > 0.5:
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         print("measuring GPU rooflines (copy bandwidth, dense bf16 peak) ...", flush=True)
         rooflines["bandwidth"] = baselines.gpu_copy_roofline((256 if args.quick else 1024) << 20, cfg)
         rooflines["compute"] = baselines.gpu_dense_peak(4096 if args.quick else 8192, cfg)
-        print(f"  copy {rooflines['bandwidth']['gbps']:.0f} GB/s, dense bf16 {rooflines['compute']['tflops']:.1f} TFLOP/s")
+        print(f"  copy {rooflines['bandwidth']['gbps']:.4g} GB/s, dense bf16 {rooflines['compute']['tflops']:.4g} TFLOP/s")
 
     from tqdm import tqdm
 
