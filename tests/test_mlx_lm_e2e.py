@@ -132,7 +132,10 @@ def test_modelopt_checkpoint_into_mlx_lm_llama(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(
         {"producer": {"name": "modelopt"},
          "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": []}}))
-    fresh = build(seed=4)
-    fnn.load_weights(fresh, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    fresh, _ = fnn.load_model(tmp_path)  # architecture from config.json via mlx-lm
     assert isinstance(fresh.lm_head, fnn.FP4Linear) and fresh.lm_head.global_scale is not None
     compare(greedy(fresh), greedy(model), atol=1e-6)
+    other = build(seed=4)  # or into a model built by hand
+    fnn.load_weights(other, tmp_path)
+    compare(greedy(other), greedy(model), atol=1e-6)

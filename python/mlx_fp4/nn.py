@@ -38,6 +38,7 @@ __all__ = [
     "dequantize",
     "fuse_swiglu",
     "load_weights",
+    "load_model",
     "global_scales",
 ]
 
@@ -673,6 +674,27 @@ def load_weights(
         params.append((key, value))
     model.load_weights(params, strict=strict)
     return model
+
+
+def load_model(path, *, strict: bool = True, lazy: bool = False):
+    """Build the mlx-lm architecture named by ``path/config.json`` and load an NVFP4
+    checkpoint (ModelOpt, compressed-tensors or MLX) into it with :func:`load_weights`.
+
+    Needs mlx-lm (for the architecture). ``path`` is a local folder. Returns
+    ``(model, config)``; the tokenizer is ``mlx_lm.utils.load_tokenizer(path)``.
+    """
+    from mlx_lm import utils as lm_utils
+
+    path = Path(path)
+    config = lm_utils.load_config(path)
+    get_classes = getattr(lm_utils, "_get_classes", None) or getattr(lm_utils, "get_model_classes")
+    model_class, args_class = get_classes(config=config)
+    model = model_class(args_class.from_dict(config))
+    load_weights(model, path, strict=strict)
+    model.eval()
+    if not lazy:
+        mx.eval(model.parameters())
+    return model, config
 
 
 def _is_loaded_layout(weights: dict) -> bool:
