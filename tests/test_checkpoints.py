@@ -213,7 +213,7 @@ def test_load_dict_source_with_config(tmp_path, data):
 
 
 @pytest.mark.parametrize("dialect", ["modelopt", "compressed-tensors", "mlx"])
-def test_loaded_model_matches_reference(tmp_path, data, dialect):
+def test_loaded_model_matches_reference(tmp_path, data, dialect, device):
     """Checkpoint -> FP4Linear layers (mx_fp4.nn.load_weights) -> outputs vs float64 reference
     of the checkpoint's own bytes and global scale convention."""
     writer = {"modelopt": write_modelopt, "compressed-tensors": write_ct, "mlx": write_mlx}[dialect]

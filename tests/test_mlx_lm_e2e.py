@@ -65,7 +65,7 @@ def dequantized_twin(model):
     return twin
 
 
-def test_fp32_decode_matches_dequantized_and_mlx_nvfp4():
+def test_fp32_decode_matches_dequantized_and_mlx_nvfp4(device):
     base = build()
     mlx_q = copy.deepcopy(base)
     nn.quantize(mlx_q, mode="nvfp4", class_predicate=lambda p, m: isinstance(m, nn.Linear))
@@ -80,7 +80,7 @@ def test_fp32_decode_matches_dequantized_and_mlx_nvfp4():
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-def test_bf16_global_scale_decode(fuse):
+def test_bf16_global_scale_decode(fuse, device):
     model = build(mx.bfloat16, seed=1)
     fnn.quantize(model, global_scale=True, progress=False)
     twin = dequantized_twin(model)  # fp32 weights

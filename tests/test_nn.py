@@ -72,7 +72,7 @@ def test_from_linear_matches_quantized_linear_layout(bias):
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
 @pytest.mark.parametrize("global_scale", [False, True])
-def test_forward_against_reference(dtype, global_scale):
+def test_forward_against_reference(dtype, global_scale, device):
     lin = _linear(96, 40, seed=1)
     lin.bias = lin.bias.astype(dtype)
     q = FP4Linear.from_linear(lin, global_scale=global_scale)
@@ -241,7 +241,7 @@ def test_load_weights_attaches_global_scales_and_swaps_layers():
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("global_scale", [False, True])
-def test_fused_swiglu_against_reference(bias, global_scale):
+def test_fused_swiglu_against_reference(bias, global_scale, device):
     gate = FP4Linear.from_linear(_linear(64, 96, bias=bias, seed=7), global_scale=global_scale)
     up = FP4Linear.from_linear(_linear(64, 96, bias=bias, seed=8), global_scale=global_scale)
     x = common.rand_x((2, 3, 64), mx.bfloat16, common.rng("swiglu"))
@@ -260,7 +260,7 @@ def test_fused_swiglu_against_reference(bias, global_scale):
     )
 
 
-def test_fuse_swiglu_on_mlx_lm_llama():
+def test_fuse_swiglu_on_mlx_lm_llama(device):
     from mlx_lm.models import llama
 
     args = llama.ModelArgs(
@@ -328,7 +328,7 @@ def _dense_twin(lora):
 
 
 @pytest.mark.parametrize("how", ["from_base", "to_lora"])
-def test_lora_forward_backward(how):
+def test_lora_forward_backward(how, device):
     from mlx_lm.tuner.lora import LoRALinear
 
     if how == "from_base":
@@ -393,3 +393,34 @@ def test_linear_to_lora_layers_uses_fp4_lora():
     linear_to_lora_layers(m, 2, {"rank": 4, "scale": 10.0, "dropout": 0.0, "keys": ["q_proj"]})
     assert type(m.layers[1].q_proj).__name__ == "FP4LoRALinear"
     assert isinstance(m.layers[1].q_proj.linear, FP4Linear)
+
+
+def test_fuse_swiglu_requires_the_exact_forward():
+    class PreNormMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = FP4Linear(32, 32)
+            self.up_proj = FP4Linear(32, 32)
+            self.down_proj = FP4Linear(32, 32)
+
+        def __call__(self, x):
+            x = 2 * x
+            return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class SiluMLP(PreNormMLP):
+        def __call__(self, x):
+            """docstrings are fine"""
+            return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = PreNormMLP()
+            self.b = SiluMLP()
+
+    m = M()
+    x = mx.ones((1, 32))
+    before = m.b(x)
+    fnn.fuse_swiglu(m)
+    assert type(m.a) is PreNormMLP and isinstance(m.b, fnn.FP4SwiGLU)
+    np.testing.assert_allclose(np.array(m.b(x)), np.array(before), rtol=1e-5, atol=1e-5)

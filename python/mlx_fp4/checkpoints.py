@@ -170,9 +170,6 @@ def _quant_info(cfgs: dict) -> dict:
         qc = (config.get("text_config") or {}).get("quantization_config")
     if hf is not None:
         q = hf.get("quantization", hf)
-        producer = (hf.get("producer") or {}).get("name", "modelopt")
-        if producer != "modelopt" and hf.get("quant_method") != "modelopt":
-            pass
         info["method"] = "modelopt"
         info["algo"] = q.get("quant_algo")
         info["ignore"] = list(q.get("exclude_modules") or []) + list(q.get("ignore") or [])

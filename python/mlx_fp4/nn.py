@@ -420,11 +420,38 @@ class FP4SwiGLU(nn.Module):
         return self.down_proj(swiglu(x, self.gate_proj, self.up_proj))
 
 
-_SWIGLU_PATTERNS = (
-    "swiglu(self.gate_proj(x),self.up_proj(x))",
-    "nn.silu(self.gate_proj(x))*self.up_proj(x)",
-    "silu(self.gate_proj(x))*self.up_proj(x)",
-)
+_SWIGLU_FORMS = {
+    "self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))",
+    "self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))",
+    "self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _is_swiglu_call(call) -> bool:
+    """True when ``call`` is ``def __call__(self, x): return <one of _SWIGLU_FORMS>``
+    (a docstring allowed, nothing else)."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(call)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef):
+        return False
+    a = fn.args
+    if [x.arg for x in a.args] != ["self", "x"] or a.vararg or a.kwarg or a.kwonlyargs:
+        return False
+    body = [
+        st
+        for st in fn.body
+        if not (isinstance(st, ast.Expr) and isinstance(getattr(st, "value", None), ast.Constant))
+    ]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return False
+    return ast.unparse(body[0].value) in _SWIGLU_FORMS
 
 
 def _is_swiglu_mlp(m: nn.Module) -> bool:
@@ -433,23 +460,18 @@ def _is_swiglu_mlp(m: nn.Module) -> bool:
         return False
     if not all(isinstance(m.get(n), nn.Module) for n in ("gate_proj", "up_proj", "down_proj")):
         return False
-    try:
-        src = inspect.getsource(type(m).__call__)
-    except (OSError, TypeError):
-        return False
-    body = re.sub(r"\s+", "", src.split(":", 1)[1] if ":" in src else src)
-    body = re.sub(r"#[^\n]*", "", body)
-    return any(f"returnself.down_proj({p})" in body for p in _SWIGLU_PATTERNS)
+    return _is_swiglu_call(type(m).__call__)
 
 
 def fuse_swiglu(model: nn.Module, *, class_predicate: Optional[Callable[[str, nn.Module], bool]] = None) -> nn.Module:
     """Replace SwiGLU MLP blocks by :class:`FP4SwiGLU` (in place; returns model).
 
     By default a block qualifies when it has ``gate_proj``/``up_proj``/``down_proj``
-    FP4Linear children and its ``__call__`` is literally
-    ``self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))`` (the mlx-lm
-    Llama/Qwen/Mistral MLP) or the ``nn.silu(...) * ...`` spelling. Gated
-    GELU MLPs (Gemma) are left alone. Parameter names do not change.
+    children, the first two FP4Linear, and its ``__call__(self, x)`` is the single
+    statement ``return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))``
+    (the mlx-lm Llama/Qwen/Mistral MLP) or the ``nn.silu(...) * ...`` spelling.
+    Anything else (gated GELU in Gemma, extra statements) is left alone.
+    Parameter names do not change.
     """
 
     def default(path, m):
@@ -610,7 +632,9 @@ def load_weights(
     ``weights`` is anything :func:`mlx_fp4.checkpoints.load_nvfp4` accepts (a
     safetensors file, a checkpoint folder, a dict) in any supported dialect
     (ModelOpt, compressed-tensors, MLX), or the list of pairs ``Module.load_weights``
-    takes. Then:
+    takes. A plain dict is read as a raw checkpoint (an MLX ``global_scale`` in it is
+    MLX's ``amax`` convention); the :class:`~mlx_fp4.checkpoints.NVFP4Weights` that
+    ``load_nvfp4`` returns is used as is (its global scales are multipliers). Then:
 
     1. ``model.sanitize(weights)`` is applied when the model has one (mlx-lm
        models: drops rotary buffers, tied ``lm_head``...), unless ``sanitize=False``;
