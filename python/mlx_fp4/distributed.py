@@ -726,7 +726,8 @@ def quantize(
     The result equals converting first and sharding after, bit for bit, when
     the earlier split of K was on 16-element boundaries: blocks never straddle
     ranks, and with ``global_scale=True`` the per-tensor scale is the amax over
-    the whole tensor (one ``all_max`` over each layer's group, all layers batched),
+    the whole tensor (one ``all_gather`` of the local amaxes per group, all layers
+    batched),
     not over the local shard. Every rank must call this (collective when
     ``global_scale`` is requested).
     """
@@ -760,7 +761,7 @@ def quantize(
                 )
         todo.append((path, m, kind, sharding, gs))
 
-    # One all_max per group for all global scales (batched; identical order on every rank).
+    # One collective per group for all global scales (batched; same order on every rank).
     amax = {}
     by_group = {}
     for path, m, kind, sharding, gs in todo:
@@ -769,7 +770,12 @@ def quantize(
     mods = {p: m for p, m, *_ in todo}
     for group, paths in by_group.values():
         local = mx.stack([mx.max(mx.abs(mods[p].weight.astype(mx.float32))) for p in paths])
-        total = mx.distributed.all_max(local, group=group) if group.size() > 1 else local
+        # all_gather + max rather than all_max: all_gather exists on every backend.
+        total = (
+            mx.max(mx.distributed.all_gather(local[None], group=group), axis=0)
+            if group.size() > 1
+            else local
+        )
         mx.eval(total)
         for i, p in enumerate(paths):
             amax[p] = total[i]
