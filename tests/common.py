@@ -24,6 +24,9 @@ UBF16 = 2.0**-8  # bf16 unit roundoff (8 significant bits)
 DTYPES = [mx.bfloat16, mx.float16, mx.float32]
 DTYPE_NAMES = {mx.bfloat16: "bf16", mx.float16: "fp16", mx.float32: "fp32"}
 UNIT = {mx.bfloat16: UBF16, mx.float16: U16, mx.float32: U32}
+# A cast that lands below the smallest normal has an absolute error of up to half the subnormal
+# spacing (the relative unit misses it; e.g. an fp16 output near 2.7e-5).
+SUBNORMAL_HALF_SPACING = {mx.float16: 2.0**-25, mx.bfloat16: 2.0**-134, mx.float32: 2.0**-150}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Tol:
     product_u: float  # rounding of one product x_k * w_k in fp32
     acc_u: float  # per-addition rounding of the fp32 accumulator (times K)
     out_u: float  # rounding of the final cast, relative to |y|
+    out_abs: float  # ... and its absolute floor: half the subnormal spacing of the out dtype
     reason: str
 
 
@@ -45,7 +49,7 @@ def _tol(x_dtype, out_dtype):
         mx.float16: "fp16 output rounding 2^-11 relative",
         mx.float32: "fp32 output: only accumulation order, ~K*u32*sum|x||w|",
     }[out_dtype]
-    return Tol(prod, U32, UNIT[out_dtype], f"{why_prod}; {why_out}")
+    return Tol(prod, U32, UNIT[out_dtype], SUBNORMAL_HALF_SPACING[out_dtype], f"{why_prod}; {why_out}")
 
 
 # THE tolerance table: (x dtype, out dtype) -> Tol. One line of reason per entry.
@@ -63,7 +67,7 @@ def error_bound(acc, mag, k, tol, epilogue=None, global_scale=None):
     """
     acc_err = (k * tol.acc_u + tol.product_u + (U32 if global_scale is not None else 0)) * mag
     y, e = ref.apply_epilogue(acc, epilogue, err=acc_err, unit=U32)
-    bound = SAFETY * (e + tol.out_u * np.abs(y)) + 1e-30
+    bound = SAFETY * (e + tol.out_u * np.abs(y) + tol.out_abs)
     return y, bound
 
 

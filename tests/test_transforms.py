@@ -9,7 +9,7 @@ import pytest
 
 import mlx_fp4 as mx_fp4
 import reference as ref
-from common import check_matmul, rand_weights, rand_x, rng
+from common import check_matmul, dname, rand_weights, rand_x, rng
 
 M, N, K = 3, 5, 33
 # fp32 forward + fp32 backward vs float64 central differences on small, well-scaled problems.
@@ -130,7 +130,7 @@ def with_operands_np(epi, ops64):
 
 
 @pytest.mark.parametrize("epi_name", ["none", "bias_silu_gate", "row_sigmoid", "tanh_scalar"])
-@pytest.mark.parametrize("x_dtype", [mx.float32, mx.bfloat16], ids=lambda d: f"x={d}".replace("mlx.core.", ""))
+@pytest.mark.parametrize("x_dtype", [mx.float32, mx.bfloat16], ids=lambda d: f"x={dname(d)}")
 def test_grad_vs_reference_ops(device, epi_name, x_dtype):
     """Gradients equal mx.grad of the plain-MLX-ops version (same math), with batch dims."""
     g, x, w, scales, packed = problem(("refops", epi_name), batch=(2,))
@@ -156,6 +156,34 @@ def test_grad_vs_reference_ops(device, epi_name, x_dtype):
             ref.to_numpy(a), bn, rtol=tol, atol=tol * np.max(np.abs(bn)), err_msg=f"grad {i}"
         )
     assert ours[0].dtype == x_dtype  # gradient in the dtype of x
+
+
+def test_grad_of_operands_broadcast_over_batch(device):
+    """Operand gradients are summed over the dims they were broadcast along."""
+    g, x, w, scales, packed = problem("bcast-grad", batch=(2,))
+    ops = [rand_x((M, 1), mx.float32, g), rand_x((M, N), mx.float32, g), rand_x((1, 1, N), mx.float32, g)]
+
+    def epi_of(o):
+        return [("mul", o[0]), "tanh", ("add", o[1]), ("mul", o[2])]
+
+    def make(fn):
+        def loss(x_, *o):
+            return mx.sum(fn(x_, w, scales, epilogue=epi_of(o)) ** 2)
+
+        return mx.grad(loss, argnums=[0, 1, 2, 3])
+
+    ours = make(mx_fp4.w4a16_matmul)(x, *ops)
+    theirs = make(mx_fp4.w4a16_matmul_reference_ops)(x, *ops)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-4 * np.abs(np.array(b)).max())
+    x64, ops64 = ref.to_numpy(x), [ref.to_numpy(o) for o in ops]
+
+    def ref_loss(o1):
+        y = ref.w4a16_matmul(x64, packed, scales, K, None, epi_of([ops64[0], o1, ops64[2]]))
+        return float(np.sum(y**2))
+
+    assert_grad_close(ours[2], central_diff(ref_loss, ops64[1]), "d/d [M, N] operand")
 
 
 def test_grad_dtype_of_operands(device):
@@ -249,6 +277,37 @@ def test_compile_shapeless_different_m(device):
     out = f(xb, b)
     assert out.shape == (2, 4, N)
     check_matmul(out, xb, packed, scales, epilogue=[("add", b), "gelu"])
+
+
+SHAPELESS_BCAST_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="core bug: canonical_operand bakes the traced out_shape into broadcast_to/contiguous, so "
+    "under mx.compile(shapeless=True) a [M,1] or [M,N] operand broadcast over batch keeps B_traced "
+    "rows: with another B the kernel reads past the operand (wrong values for batch >= 1)",
+)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("row", marks=SHAPELESS_BCAST_BUG),
+        pytest.param("full", marks=SHAPELESS_BCAST_BUG),
+        "col",
+        "scalar",
+    ],
+)
+def test_compile_shapeless_operand_broadcast_over_batch(device, kind):
+    """Operands that broadcast over leading batch dims ([M, 1], [M, N] with x [B, M, K]) stay
+    right when a shapeless function is called again with another B."""
+    g, _, w, scales, packed = problem(("shapeless-bcast", kind))
+    shape = {"row": (M, 1), "full": (M, N), "col": (N,), "scalar": ()}[kind]
+    t = rand_x(shape, mx.float32, g)
+    f = mx.compile(lambda x_, t_: mx_fp4.w4a16_matmul(x_, w, scales, epilogue=[("add", t_)]), shapeless=True)
+    for b in [1, 2, 4, 3]:
+        xb = rand_x((b, M, K), mx.float32, g)
+        out = f(xb, t)
+        assert out.shape == (b, M, N)
+        check_matmul(out, xb, packed, scales, epilogue=[("add", t)])
 
 
 @pytest.mark.parametrize(

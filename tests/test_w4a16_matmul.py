@@ -286,3 +286,29 @@ def test_stream_argument(device):
     w, scales, packed = rand_weights(5, 32, g)
     out = mx_fp4.w4a16_matmul(x, w, scales, stream=mx.cpu)
     check_matmul(out, x, packed, scales)
+
+
+# Shapes that straddle the usual blocking boundaries (powers of two and a bit) of CPU/GPU
+# kernels: M across the GEMV/GEMM switch and 512-row chunks, N across 64/448/512-row panels,
+# K across 256-deep panels and not a multiple of 16. Epilogue operands of every kind check the
+# (row, col) bookkeeping in every path.
+TILE_CASES = [(9, 449, 257), (513, 50, 300), (64, 897, 520), (8, 65, 4100), (520, 7, 17), (2 * 300, 70, 48)]
+
+
+@pytest.mark.parametrize(
+    "dtype,m,n,k", [param(dt, m, n, k, dtype=dt, M=m, N=n, K=k) for dt in SHAPE_DTYPES for (m, n, k) in TILE_CASES]
+)
+def test_tile_boundaries_with_epilogue(device, dtype, m, n, k):
+    g = rng("tiles", m, n, k)
+    lead = (2, m // 2) if m == 600 else (m,)
+    x = rand_x((*lead, k), dtype, g)
+    w, scales, packed = rand_weights(n, k, g, layout="uint32", garbage_padding=True)
+    epi = [
+        ("add", rand_x((n,), mx.float32, g)),
+        ("mul", rand_x((*lead, 1), mx.bfloat16, g)),
+        "silu",
+        ("add", rand_x((*lead, n), mx.float32, g)),
+    ]
+    out = mx_fp4.w4a16_matmul(x, w, scales, global_scale=0.5, epilogue=epi)
+    assert out.shape == (*lead, n)
+    check_matmul(out, x, packed, scales, global_scale=np.float32(0.5), epilogue=epi)
