@@ -424,3 +424,8 @@ def test_fuse_swiglu_requires_the_exact_forward():
     fnn.fuse_swiglu(m)
     assert type(m.a) is PreNormMLP and isinstance(m.b, fnn.FP4SwiGLU)
     np.testing.assert_allclose(np.array(m.b(x)), np.array(before), rtol=1e-5, atol=1e-5)
+
+
+def test_quantize_rejects_activation_quantization():
+    with pytest.raises(ValueError, match="weight-only"):
+        fnn.quantize(_Net(), class_predicate=lambda p, m: {"quantize_input": True}, progress=False)

@@ -506,7 +506,11 @@ def _convert(m: nn.Module, params: dict, path: str) -> nn.Module:
     group_size = params.pop("group_size", None)
     bits = params.pop("bits", None)
     mode = params.pop("mode", MODE)
-    params.pop("quantize_input", None)
+    if params.pop("quantize_input", False):
+        raise ValueError(
+            f"[mlx_fp4.nn.quantize] {path}: quantize_input=True (W4A4) is not supported; "
+            "FP4Linear is weight-only (W4A16)."
+        )
     _check_config(group_size, bits, mode, f"mlx_fp4.nn.quantize: {path}")
     global_scale = params.pop("global_scale", False)
     if params:
@@ -524,9 +528,10 @@ def _convert(m: nn.Module, params: dict, path: str) -> nn.Module:
             )
         return FP4Linear.from_linear(m, global_scale=bool(global_scale))
     if kind == "nvfp4":
-        if global_scale is not False and global_scale is not None and not isinstance(global_scale, bool):
-            return FP4Linear.from_quantized(m, global_scale=global_scale)
-        return FP4Linear.from_quantized(m)
+        # bytes are kept as they are: a *value* may be attached, True cannot be computed
+        if isinstance(global_scale, bool) or global_scale is None:
+            return FP4Linear.from_quantized(m)
+        return FP4Linear.from_quantized(m, global_scale=global_scale)
     raise ValueError(
         f"[mlx_fp4.nn.quantize] unable to convert {path} of type {type(m).__name__}"
         + (f" (mode={m.mode!r})" if kind == "other" else "")
