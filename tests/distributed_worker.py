@@ -72,7 +72,7 @@ def _pieces(total, segments, n, r):
     return [(s * seg + r * part, s * seg + (r + 1) * part) for s in range(segments)]
 
 
-def _check_against_table(out, x, layer, *, rows=None, k_cols=None):
+def _check_against_table(out, x, layer, *, rows=None, extra_epilogue=()):
     """`out` = layer restricted to `rows` (output rows) vs the float64 reference of the
     unsharded layer's own bytes (sliced here with numpy, independently of the code under
     test), global scale and bias included."""
@@ -84,20 +84,38 @@ def _check_against_table(out, x, layer, *, rows=None, k_cols=None):
     if rows is not None:
         w, s = w[rows], s[rows]
         bias = None if bias is None else bias[mx.array(rows)]
-    epi = None if bias is None else [("add", bias)]
+    epi = ([] if bias is None else [("add", bias)]) + list(extra_epilogue)
     common.check_matmul(
         out,
         x,
         mx.array(w),
         mx.array(s),
         global_scale=layer.global_scale,
-        epilogue=epi,
+        epilogue=epi or None,
         out_dtype=out.dtype,
     )
 
 
-def _tiny_llama(dtype, intermediate=128, seed=0):
+def _import_llama():
+    """mlx_lm.models.llama without running mlx_lm/__init__.py, which imports transformers
+    (3-10 s per rank on a 2-core CI machine) for things these checks never use."""
+    if "mlx_lm" not in sys.modules:
+        import importlib.util
+        import types
+
+        spec = importlib.util.find_spec("mlx_lm")
+        if spec is not None and spec.submodule_search_locations:
+            pkg = types.ModuleType("mlx_lm")
+            pkg.__path__ = list(spec.submodule_search_locations)
+            pkg.__spec__ = spec
+            sys.modules["mlx_lm"] = pkg
     from mlx_lm.models import llama
+
+    return llama
+
+
+def _tiny_llama(dtype, intermediate=128, seed=0):
+    llama = _import_llama()
 
     args = llama.ModelArgs(
         model_type="llama",
@@ -146,14 +164,18 @@ def check_all_to_sharded_layer(group):
             x = _x(5, k, dtype)
             sl = D.shard_linear(layer, "all-to-sharded", segments=segments, group=group)
             y = sl(x)
+            # the fused SwiGLU hook: more epilogue ops after the fused bias, on the local slice
+            t = _x(5, n // n_ranks, dtype, seed=7)
+            fused = sl.fp4_matmul(x, epilogue=["silu", ("mul", t)])
             full = None
             if segments == 1:  # gather the column slices into the full output
                 full = mx.distributed.all_gather(y.T, group=group).T
-            mx.eval(y, full)
+            mx.eval(y, full, fused)
             assert type(sl) is D.FP4AllToShardedLinear, type(sl)
             assert sl.output_dims == n and sl.input_dims == k
             rows = [i for a, b in _pieces(n, segments, n_ranks, r) for i in range(a, b)]
             _check_against_table(y, x, layer, rows=rows)
+            _check_against_table(fused, x, layer, rows=rows, extra_epilogue=["silu", ("mul", t)])
             if full is not None:
                 _check_against_table(full, x, layer)
             details.append(f"{dtype} segments={segments}: ok")
@@ -378,6 +400,37 @@ def check_shard_then_convert(group):
     )
 
 
+def check_mlx_nvfp4_sharded_then_wrapped(group):
+    """An MLX nvfp4 model (mlx.nn.quantize(mode="nvfp4")) sharded by plain model.shard() has
+    MLX's QuantizedAllToSharded/ShardedToAll layers (mx.quantized_matmul); D.quantize wraps
+    them in FP4 sharded layers without copying bytes; logits match the unsharded model."""
+    from mlx_fp4 import distributed as D
+    from mlx_fp4 import nn as fnn
+    import mlx.nn.layers.distributed as mlx_dist
+
+    tokens = mx.array(TOKENS)
+    a = _tiny_llama(mx.float32)
+    nn.quantize(a, group_size=16, bits=4, mode="nvfp4", class_predicate=lambda p, m: isinstance(m, nn.Linear) and "lm_head" not in p)
+    fnn.quantize(a, progress=False)  # wraps the nvfp4 layers (same bytes), quantizes lm_head
+    ref = a(tokens)
+
+    b = _tiny_llama(mx.float32)
+    nn.quantize(b, group_size=16, bits=4, mode="nvfp4", class_predicate=lambda p, m: isinstance(m, nn.Linear) and "lm_head" not in p)
+    b.shard(group)
+    q = b.model.layers[0].self_attn.q_proj
+    was_mlx = type(q) is mlx_dist.QuantizedAllToShardedLinear
+    w_before = q.weight
+    D.quantize(b, progress=False)
+    out = b(tokens)
+    mx.eval(ref, out)
+    q2 = b.model.layers[0].self_attn.q_proj
+    assert was_mlx, "plain model.shard() should give MLX's quantized sharded layer"
+    assert type(q2) is D.FP4AllToShardedLinear, type(q2)
+    assert q2.weight is w_before, "wrapping must not copy the bytes"
+    assert type(b.model.layers[1].mlp.down_proj) is D.FP4ShardedToAllLinear
+    return _compare_logits(ref, out, mx.float32, "mlx-nvfp4 shard-then-wrap")
+
+
 CHECKS = [
     check_all_to_sharded_layer,
     check_sharded_to_all_layer,
@@ -387,6 +440,7 @@ CHECKS = [
     check_model_fp32,
     check_model_bf16,
     check_shard_then_convert,
+    check_mlx_nvfp4_sharded_then_wrapped,
 ]
 
 

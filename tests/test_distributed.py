@@ -36,14 +36,23 @@ CHECKS = [
     "model_fp32",
     "model_bf16",
     "shard_then_convert",
+    "mlx_nvfp4_sharded_then_wrapped",
 ]
 
 
 def _launcher():
+    """The mlx.launch command: the script beside the interpreter, on PATH, or the module."""
     cand = Path(sys.executable).with_name("mlx.launch")
     if cand.exists():
-        return str(cand)
-    return shutil.which("mlx.launch")
+        return [str(cand)]
+    found = shutil.which("mlx.launch")
+    if found:
+        return [found]
+    try:
+        import mlx._distributed_utils.launch  # noqa: F401
+    except ImportError:
+        return None
+    return [sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"]
 
 
 def _free_port_block(n):
@@ -80,7 +89,7 @@ def ranks(tmp_path_factory):
         [pkg_root, str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     cmd = [
-        launcher,
+        *launcher,
         "-n", str(RANKS),
         "--backend", "ring",
         "-p", str(_free_port_block(RANKS)),
@@ -197,3 +206,9 @@ def test_shard_first_then_convert(ranks):
     """model.shard() of the float model, then mlx_fp4.distributed.quantize: the same bytes
     and global scales as convert-then-shard, and the same logits."""
     _assert_ok(ranks, "shard_then_convert")
+
+
+def test_mlx_nvfp4_model_sharded_then_wrapped(ranks):
+    """An MLX nvfp4 model sharded by plain model.shard() (MLX's quantized sharded layers),
+    then mlx_fp4.distributed.quantize: FP4 sharded layers on the same bytes, same logits."""
+    _assert_ok(ranks, "mlx_nvfp4_sharded_then_wrapped")
