@@ -10,7 +10,7 @@
 #           reference within the tolerance table, kernel is ours, block-boundary errors on every
 #           rank, tiny mlx-lm Llama sharded vs unsharded logits, shard-then-convert bit-identical)
 #   bench   scripts/scale_out_bench.py: FP4 SwiGLU MLP stack, hidden 8192, intermediate 28672,
-#           LAYERS blocks (default 4), bf16 activations, tokens 1..2048: 1 GPU (FP4Linear) vs
+#           LAYERS blocks (default 8, 3.2 GiB of FP4 weights), bf16 activations, tokens 1..2048: 1 GPU (FP4Linear) vs
 #           2 GPUs (FP4AllToSharded/FP4ShardedToAll, fp32 and bf16 all_sum)
 #   report  $OUT/scale_out.md: the table for the README (speedup of 2 GPUs over 1)
 #
@@ -22,7 +22,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PY:-python3}"
 OUT="${OUT:-$ROOT/gpu-scale-out-out}"
-LAYERS="${LAYERS:-4}"
+LAYERS="${LAYERS:-8}"
 TOKENS="${TOKENS:-1,8,32,128,512,2048}"
 ITERS="${ITERS:-20}"
 export NCCL_NVLS_ENABLE=0
