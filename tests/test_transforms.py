@@ -489,3 +489,60 @@ def test_inside_nn_module(device):
     # Compiled module call agrees.
     out = mx.compile(layer)(x)
     check_matmul(out, x, packed, scales, epilogue=[("add", layer.bias), "gelu"])
+
+
+def test_vmap_over_x_with_unmapped_row_and_full_operands(device):
+    g, _, w, scales, packed = problem("vmap-unmapped")
+    xs = rand_x((4, M, K), mx.float32, g)
+    epi = [("mul", rand_x((M, 1), mx.float32, g)), "silu", ("add", rand_x((M, N), mx.bfloat16, g))]
+    out = mx.vmap(lambda a: mx_fp4.w4a16_matmul(a, w, scales, epilogue=epi))(xs)
+    assert out.shape == (4, M, N)
+    for v in range(4):
+        check_matmul(out[v], xs[v], packed, scales, epilogue=epi)
+
+
+def test_vmap_nested(device):
+    g, _, w, scales, packed = problem("vmap-nested")
+    xs = rand_x((2, 3, M, K), mx.float32, g)
+    out = mx.vmap(mx.vmap(lambda a: mx_fp4.w4a16_matmul(a, w, scales, epilogue=["gelu"])))(xs)
+    assert out.shape == (2, 3, M, N)
+    check_matmul(out, xs, packed, scales, epilogue=["gelu"])
+
+
+SHAPELESS_PAD_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="core bug: decode_f32 (format_ops.cpp) uses mx::pad when K % 16 != 0 and MLX's Pad has no "
+    "output_shapes, so mx.compile(shapeless=True) of grad / reference_ops / dequantize raises "
+    "'[Primitive::output_shapes] Pad cannot infer output shapes.'",
+)
+K_SHAPELESS = [32, pytest.param(33, marks=SHAPELESS_PAD_BUG), pytest.param(40, marks=SHAPELESS_PAD_BUG)]
+
+
+@pytest.mark.parametrize("k", K_SHAPELESS, ids=lambda k: f"K={k}")
+def test_compile_shapeless_grad(device, k):
+    g, _, w, scales, packed = problem(("shapeless-grad", k), k=k)
+    b = rand_x((N,), mx.float32, g)
+
+    def loss(fn):
+        return lambda x_, b_: mx.sum(fn(x_, w, scales, epilogue=[("add", b_), "silu"]) ** 2)
+
+    f = mx.compile(mx.grad(loss(mx_fp4.w4a16_matmul), argnums=[0, 1]), shapeless=True)
+    for m in [2, 6, 11]:
+        x = rand_x((m, k), mx.float32, g, scale=0.3)
+        gx, gb = f(x, b)
+        ex, eb = mx.grad(loss(mx_fp4.w4a16_matmul_reference_ops), argnums=[0, 1])(x, b)
+        assert gx.shape == (m, k)
+        np.testing.assert_allclose(np.array(gx), np.array(ex), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.array(gb), np.array(eb), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", K_SHAPELESS, ids=lambda k: f"K={k}")
+def test_compile_shapeless_reference_ops_and_dequantize(device, k):
+    g, _, w, scales, packed = problem(("shapeless-refops", k), k=k)
+    f = mx.compile(lambda x_: mx_fp4.w4a16_matmul_reference_ops(x_, w, scales), shapeless=True)
+    for m in [1, 5]:
+        x = rand_x((m, k), mx.float32, g)
+        check_matmul(f(x), x, packed, scales)
+    d = mx.compile(lambda a, s: mx_fp4.dequantize(a, s, k=k, dtype=mx.float32), shapeless=True)(w, scales)
+    np.testing.assert_array_equal(np.array(d), ref.decode_weights(packed, scales, k))

@@ -312,3 +312,14 @@ def test_tile_boundaries_with_epilogue(device, dtype, m, n, k):
     out = mx_fp4.w4a16_matmul(x, w, scales, global_scale=0.5, epilogue=epi)
     assert out.shape == (*lead, n)
     check_matmul(out, x, packed, scales, global_scale=np.float32(0.5), epilogue=epi)
+
+
+@pytest.mark.parametrize("m", [1, 300])
+def test_repeat_evaluation_is_bitwise_identical(device, m):
+    """Multithreaded kernels: no races, a fixed reduction order (same bits every time)."""
+    g = rng("determinism", m)
+    x = rand_x((m, 1000), mx.float32, g)
+    w, scales, _ = rand_weights(513, 1000, g)
+    first = np.array(mx_fp4.w4a16_matmul(x, w, scales))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.array(mx_fp4.w4a16_matmul(x, w, scales)), first)
