@@ -9,6 +9,8 @@ import sys
 import mlx.core as mx
 import pytest
 
+import mlx_fp4
+
 from mlx_fp4.bench import __main__ as bench_main
 from mlx_fp4.bench import shapes, timing
 
@@ -60,7 +62,9 @@ def _check_doc(doc, device="cpu"):
 def test_quick_cli(tmp_path):
     """The documented CI command runs and writes a complete JSON, the table and the PNG."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "python"), env.get("PYTHONPATH")]))
+    # The subprocess must import the same mlx_fp4 as this process (installed or python/ dev tree).
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(mlx_fp4.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "mlx_fp4.bench", "--quick", "--device", "cpu", "--no-progress", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

@@ -30,4 +30,8 @@ __all__ = [
     "w4a16_matmul",
     "w4a16_matmul_reference_ops",
 ]
+from . import distributed, nn  # noqa: E402
+from .checkpoints import NVFP4Weights, load_nvfp4, save_nvfp4  # noqa: E402
+
+__all__ += ["distributed", "nn", "load_nvfp4", "save_nvfp4", "NVFP4Weights"]
 __version__ = "0.1.0"

@@ -731,3 +731,6 @@ def _is_loaded_layout(weights: dict) -> bool:
     from .checkpoints import NVFP4Weights
 
     return isinstance(weights, NVFP4Weights)
+
+# Tensor-parallel helpers under the names of mlx.nn.layers.distributed (see mlx_fp4.distributed).
+from .distributed import shard_inplace, shard_linear  # noqa: E402,F401
