@@ -8,7 +8,16 @@ import pytest
 
 import mlx_fp4 as mx_fp4
 import reference as ref
-from common import assert_close, check_matmul, dname, param, rand_weights, rand_x, rng
+from common import (
+    TOLERANCES,
+    assert_close,
+    check_matmul,
+    dname,
+    error_bound,
+    rand_weights,
+    rand_x,
+    rng,
+)
 
 ACTIVATIONS = ["relu", "silu", "gelu", "gelu_approx", "sigmoid", "tanh"]
 
@@ -58,8 +67,6 @@ def check_both(out, x, w, scales, packed, epilogue, out_dtype=None, what=""):
     """Against the float64 reference (table tolerance) and the MLX-composed chain (2x of it)."""
     check_matmul(out, x, packed, scales, epilogue=epilogue, out_dtype=out_dtype)
     composed = mlx_chain(mlx_acc(x, w, scales), epilogue).astype(out.dtype)
-    from common import TOLERANCES, error_bound
-
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales)
     _, bound = error_bound(
         acc, mag, x.shape[-1], TOLERANCES[(x.dtype, out.dtype)], epilogue

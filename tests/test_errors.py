@@ -4,7 +4,6 @@ MLX's format "[op] <argument> ... but got <actual>." that names the argument."""
 import re
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 import mlx_fp4 as mx_fp4

@@ -14,6 +14,7 @@ from common import (
     assert_close,
     case_id,
     check_matmul,
+    error_bound,
     mnk_cases,
     param,
     rand_weights,
@@ -262,8 +263,6 @@ def test_matches_reference_ops(device, x_dtype, out_dtype, m, k):
     check_matmul(oracle, x, packed, scales, global_scale=np.float32(0.37), epilogue=epi, out_dtype=out_dtype)
     # Directly against each other: both within the bound of the reference, so within 2x of it.
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales, global_scale=np.float32(0.37))
-    from common import error_bound
-
     y, bound = error_bound(acc, mag, k, TOLERANCES[(x_dtype, out_dtype)], epi, 0.37)
     assert_close(out, ref.to_numpy(oracle), 2 * bound, "kernel vs reference_ops")
 
