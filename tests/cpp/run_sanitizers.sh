@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds tests/cpp/test_cpu_kernel.cpp with the CPU kernel sources (csrc/cpu/*.cpp that do not
+# Builds tests/cpp/test_cpu_kernel.cpp (and tests/cpp/test_index_helpers.cpp) with the CPU kernel sources (csrc/cpu/*.cpp that do not
 # need MLX's runtime; MLX headers only for half_types.h) three times and runs each:
 #   plain   -O2
 #   tsan    -O1 -g -fsanitize=thread
@@ -94,6 +94,8 @@ for v in "${VARIANTS[@]}"; do
   $CXX ${FLAGS[$v]} "${objs[@]}" -o "$out/test_cpu_kernel" -pthread
   echo "== $v: built from ${SOURCES[*]} in $(( $(date +%s) - t0 )) s"
   run_binary "$v" "$out/test_cpu_kernel" ""
+  $CXX $COMMON ${FLAGS[$v]} tests/cpp/test_index_helpers.cpp -o "$out/test_index_helpers"
+  run_binary "$v/index-helpers" "$out/test_index_helpers" ""
   if [[ "$v" != tsan && -n "$DISPATCH" ]]; then
     forced=()
     cpu_has avx2 && cpu_has fma && cpu_has avx512f && forced+=(avx2)

@@ -6,7 +6,7 @@
 //   * NaN scale codes (0x7F / 0xFF) poison exactly the outputs that use them;
 //   * several std::threads calling run_w4a16 at once give bit-identical results (also the
 //     determinism check: repeated calls are bit-identical);
-//   * the int64 index helpers of csrc/shared/w4a16_problem.h past 2^31.
+// (The int64 index helpers past 2^31: tests/cpp/test_index_helpers.cpp.)
 // Built and run by tests/cpp/run_sanitizers.sh (plain, -fsanitize=thread,
 // -fsanitize=address,undefined). Exit status 0 = all passed. Argument "quick" runs fewer shapes.
 #include <atomic>
@@ -19,7 +19,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -357,33 +356,6 @@ void test_parallel_for() {
   }
 }
 
-void test_index_helpers() {
-  using fp4::operand_offset;
-  static_assert(std::is_same_v<decltype(operand_offset(0, 0, 0, 0)), int64_t>, "int64 offsets");
-  static_assert(std::is_same_v<decltype(fp4::W4A16Problem::m), int64_t>, "m is int64");
-  static_assert(std::is_same_v<decltype(fp4::W4A16Problem::n), int64_t>, "n is int64");
-  static_assert(std::is_same_v<decltype(fp4::W4A16Problem::k), int64_t>, "k is int64");
-  static_assert(std::is_same_v<decltype(fp4::W4A16Problem::w_row_bytes), int64_t>, "int64 row bytes");
-  const int64_t two31 = int64_t(1) << 31;
-  // Full operand [M, N] with M * N > 2^31: last element and an element just past 2^31.
-  const int64_t M = 70000, N = 40000;  // 2.8e9 elements
-  CHECK(operand_offset(fp4::kOperandFull, M - 1, N - 1, N) == M * N - 1, "full last");
-  CHECK(operand_offset(fp4::kOperandFull, two31 / N, two31 % N, N) == two31, "full at 2^31");
-  CHECK(operand_offset(fp4::kOperandFull, 53687, 4, N) == int64_t(53687) * 40000 + 4, "full row 53687");
-  CHECK(operand_offset(fp4::kOperandRow, int64_t(3) << 31, 7, N) == int64_t(3) << 31, "row");
-  CHECK(operand_offset(fp4::kOperandCol, 99, (int64_t(1) << 31) + 5, (int64_t(1) << 32)) == (int64_t(1) << 31) + 5, "col");
-  CHECK(operand_offset(fp4::kOperandScalar, M, N, N) == 0, "scalar");
-  CHECK(fp4::packed_bytes_for_k((int64_t(1) << 33) + 1) == (int64_t(1) << 32) + 1, "packed bytes");
-  CHECK(fp4::packed_words_for_k((int64_t(1) << 34) + 1) == (int64_t(1) << 31) + 1, "packed words");
-  CHECK(fp4::scale_blocks_for_k((int64_t(1) << 35) + 1) == (int64_t(1) << 31) + 1, "scale blocks");
-  // Byte offsets the kernel forms: n * w_row_bytes, row * k, row * n + col (all int64 in Problem).
-  fp4::W4A16Problem p{};
-  p.n = (int64_t(1) << 30) + 3;
-  p.k = 6;
-  p.w_row_bytes = fp4::packed_bytes_for_k(p.k);
-  CHECK((p.n - 1) * p.w_row_bytes == int64_t(3) * ((int64_t(1) << 30) + 2), "weight row offset");
-}
-
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "quick";
   std::printf("threads: %d, hot loops: %s\n", mlx_fp4::cpu::num_threads(), mlx_fp4::cpu::hot_loops_name());
@@ -392,7 +364,6 @@ int main(int argc, char** argv) {
     CHECK(std::string(want) == mlx_fp4::cpu::hot_loops_name(), "hot loops %s, expected %s",
           mlx_fp4::cpu::hot_loops_name(), want);
   }
-  test_index_helpers();
   test_parallel_for();
   test_nan_scales();
   test_grid(quick);
