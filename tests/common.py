@@ -41,15 +41,15 @@ class Tol:
 def _tol(x_dtype, out_dtype):
     exact = x_dtype != mx.float32
     prod = 0.0 if exact else U32
-    why_prod = (
-        "x*w exact in fp32 (<= 8+6 or 11+6 bits)" if exact else "fp32 x*w rounds once (u32)"
-    )
+    why_prod = "x*w exact in fp32 (<= 8+6 or 11+6 bits)" if exact else "fp32 x*w rounds once (u32)"
     why_out = {
         mx.bfloat16: "bf16 output rounding 2^-8 relative",
         mx.float16: "fp16 output rounding 2^-11 relative",
         mx.float32: "fp32 output: only accumulation order, ~K*u32*sum|x||w|",
     }[out_dtype]
-    return Tol(prod, U32, UNIT[out_dtype], SUBNORMAL_HALF_SPACING[out_dtype], f"{why_prod}; {why_out}")
+    return Tol(
+        prod, U32, UNIT[out_dtype], SUBNORMAL_HALF_SPACING[out_dtype], f"{why_prod}; {why_out}"
+    )
 
 
 # THE tolerance table: (x dtype, out dtype) -> Tol. One line of reason per entry.
@@ -112,9 +112,7 @@ def check_matmul(out, x, w, scales, *, k=None, global_scale=None, epilogue=None,
     assert out.dtype == out_dtype, f"out dtype {out.dtype} != {out_dtype}"
     k = x.shape[-1] if k is None else k
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, w, scales, k, global_scale)
-    y, bound = error_bound(
-        acc, mag, k, TOLERANCES[(x_dtype, out_dtype)], epilogue, global_scale
-    )
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(x_dtype, out_dtype)], epilogue, global_scale)
     assert_close(out, y, bound, what=f"w4a16_matmul x={x_dtype} out={out_dtype}")
 
 

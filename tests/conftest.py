@@ -42,4 +42,3 @@ def device(request):
         yield dev
     finally:
         mx.set_default_device(old)
-

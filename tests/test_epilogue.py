@@ -68,9 +68,7 @@ def check_both(out, x, w, scales, packed, epilogue, out_dtype=None, what=""):
     check_matmul(out, x, packed, scales, epilogue=epilogue, out_dtype=out_dtype)
     composed = mlx_chain(mlx_acc(x, w, scales), epilogue).astype(out.dtype)
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales)
-    _, bound = error_bound(
-        acc, mag, x.shape[-1], TOLERANCES[(x.dtype, out.dtype)], epilogue
-    )
+    _, bound = error_bound(acc, mag, x.shape[-1], TOLERANCES[(x.dtype, out.dtype)], epilogue)
     assert_close(out, ref.to_numpy(composed), 2 * bound, f"vs MLX-composed chain {what}")
 
 
@@ -129,7 +127,17 @@ def test_operand_kinds_with_batch_dims(device, kind):
 
 
 @pytest.mark.parametrize(
-    "shape", [(1, 1, 1, 40), (2, 1, 1, 40), (2, 3, 1, 1), (1, 3, 6, 1), (2, 1, 6, 40), (3, 6, 40), (6, 1), (1,)]
+    "shape",
+    [
+        (1, 1, 1, 40),
+        (2, 1, 1, 40),
+        (2, 3, 1, 1),
+        (1, 3, 6, 1),
+        (2, 1, 6, 40),
+        (3, 6, 40),
+        (6, 1),
+        (1,),
+    ],
 )
 def test_partial_broadcast_operand(device, shape):
     """Operands that broadcast over some leading dims only (e.g. per-batch bias [B, 1, 1, N])."""
@@ -158,8 +166,16 @@ def test_clamp(device, lo, hi):
 
 
 CHAINS = {
-    "swiglu_like": lambda g, s: [("add", operands(g, s, "col")), "silu", ("mul", operands(g, s, "full"))],
-    "residual": lambda g, s: [("add", operands(g, s, "col")), "gelu", ("add", operands(g, s, "full"))],
+    "swiglu_like": lambda g, s: [
+        ("add", operands(g, s, "col")),
+        "silu",
+        ("mul", operands(g, s, "full")),
+    ],
+    "residual": lambda g, s: [
+        ("add", operands(g, s, "col")),
+        "gelu",
+        ("add", operands(g, s, "full")),
+    ],
     "scaled_tanh": lambda g, s: [("scale", 0.125), "tanh", ("scale", 4.0), ("clamp", -3.0, 3.0)],
     "row_gate": lambda g, s: [("mul", operands(g, s, "row")), "sigmoid", ("add", 1.0)],
     "long": lambda g, s: [  # the limits: 8 ops, 4 tensor operands
@@ -262,7 +278,9 @@ def test_nan_through_clamp_and_relu_kept(device):
     x = mx.zeros((1, k), dtype=mx.float32)
     w, scales, _ = rand_weights(3, k, rng("nanclamp"))
     t = mx.array(np.array([[np.nan, np.inf, -np.inf]], np.float32))
-    out = ref.to_numpy(mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", t), ("clamp", -2.0, 2.0)]))
+    out = ref.to_numpy(
+        mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", t), ("clamp", -2.0, 2.0)])
+    )
     np.testing.assert_array_equal(out[0], [np.nan, 2.0, -2.0])
     out = ref.to_numpy(mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", t), "relu"]))
     np.testing.assert_array_equal(out[0], [np.nan, np.inf, 0.0])
@@ -273,7 +291,5 @@ def test_overflow_in_output_cast_gives_inf(device):
     k = 16
     x = mx.zeros((1, k), dtype=mx.float16)
     w, scales, _ = rand_weights(2, k, rng("ovf"))
-    out = ref.to_numpy(
-        mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", mx.array([1e6, -1e6]))])
-    )
+    out = ref.to_numpy(mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", mx.array([1e6, -1e6]))]))
     np.testing.assert_array_equal(out[0], [np.inf, -np.inf])

@@ -60,7 +60,11 @@ EPILOGUES = {
     "gelu_approx_scale": lambda g, s: [("scale", 0.5), "gelu_approx"],
     "row_sigmoid": lambda g, s: [("mul", rand_x((*s[:-1], 1), mx.float32, g)), "sigmoid"],
     "tanh_scalar": lambda g, s: [("add", mx.array(0.25)), "tanh", ("add", 1.5)],
-    "relu_clamp": lambda g, s: [("add", rand_x((s[-1],), mx.float32, g)), "relu", ("clamp", -1.0, 0.75)],
+    "relu_clamp": lambda g, s: [
+        ("add", rand_x((s[-1],), mx.float32, g)),
+        "relu",
+        ("clamp", -1.0, 0.75),
+    ],
 }
 
 
@@ -93,7 +97,9 @@ def test_grad_vs_finite_differences(device, epi_name):
     opnds = array_operands(epi)
 
     def loss(x_, *ops_):
-        y = mx_fp4.w4a16_matmul(x_, w, scales, epilogue=with_operands(epi, ops_), out_dtype=mx.float32)
+        y = mx_fp4.w4a16_matmul(
+            x_, w, scales, epilogue=with_operands(epi, ops_), out_dtype=mx.float32
+        )
         return mx.sum(y * cot)
 
     argnums = list(range(1 + len(opnds)))
@@ -110,6 +116,7 @@ def test_grad_vs_finite_differences(device, epi_name):
     np.testing.assert_allclose(float(value), ref_loss(x64, ops64), rtol=1e-5)
     assert_grad_close(grads[0], central_diff(lambda a: ref_loss(a, ops64), x64), "d/dx")
     for i, o in enumerate(ops64):
+
         def f(a, i=i):
             ops = list(ops64)
             ops[i] = a
@@ -161,7 +168,11 @@ def test_grad_vs_reference_ops(device, epi_name, x_dtype):
 def test_grad_of_operands_broadcast_over_batch(device):
     """Operand gradients are summed over the dims they were broadcast along."""
     g, x, w, scales, packed = problem("bcast-grad", batch=(2,))
-    ops = [rand_x((M, 1), mx.float32, g), rand_x((M, N), mx.float32, g), rand_x((1, 1, N), mx.float32, g)]
+    ops = [
+        rand_x((M, 1), mx.float32, g),
+        rand_x((M, N), mx.float32, g),
+        rand_x((1, 1, N), mx.float32, g),
+    ]
 
     def epi_of(o):
         return [("mul", o[0]), "tanh", ("add", o[1]), ("mul", o[2])]
@@ -176,7 +187,9 @@ def test_grad_of_operands_broadcast_over_batch(device):
     theirs = make(mx_fp4.w4a16_matmul_reference_ops)(x, *ops)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == b.shape
-        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-4 * np.abs(np.array(b)).max())
+        np.testing.assert_allclose(
+            np.array(a), np.array(b), rtol=1e-4, atol=1e-4 * np.abs(np.array(b)).max()
+        )
     x64, ops64 = ref.to_numpy(x), [ref.to_numpy(o) for o in ops]
 
     def ref_loss(o1):
@@ -253,7 +266,9 @@ def test_compile(device):
     g, x, w, scales, packed = problem("compile")
     b = rand_x((N,), mx.float32, g)
     epi = [("add", b), "silu"]
-    f = mx.compile(lambda x_, b_: mx_fp4.w4a16_matmul(x_, w, scales, epilogue=[("add", b_), "silu"]))
+    f = mx.compile(
+        lambda x_, b_: mx_fp4.w4a16_matmul(x_, w, scales, epilogue=[("add", b_), "silu"])
+    )
     out = f(x, b)
     check_matmul(out, x, packed, scales, epilogue=epi)
     np.testing.assert_array_equal(
@@ -302,7 +317,9 @@ def test_compile_shapeless_operand_broadcast_over_batch(device, kind):
     g, _, w, scales, packed = problem(("shapeless-bcast", kind))
     shape = {"row": (M, 1), "full": (M, N), "col": (N,), "scalar": ()}[kind]
     t = rand_x(shape, mx.float32, g)
-    f = mx.compile(lambda x_, t_: mx_fp4.w4a16_matmul(x_, w, scales, epilogue=[("add", t_)]), shapeless=True)
+    f = mx.compile(
+        lambda x_, t_: mx_fp4.w4a16_matmul(x_, w, scales, epilogue=[("add", t_)]), shapeless=True
+    )
     for b in [1, 2, 4, 3]:
         xb = rand_x((b, M, K), mx.float32, g)
         out = f(xb, t)
@@ -408,7 +425,9 @@ def test_vmap_over_operand(device, kind):
     V = 3
     shape = {"col": (N,), "row": (M, 1), "full": (M, N), "scalar": ()}[kind]
     ts = rand_x((V, *shape), mx.float32, g)
-    out = mx.vmap(lambda t: mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", t), "silu", ("mul", t)]))(ts)
+    out = mx.vmap(
+        lambda t: mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", t), "silu", ("mul", t)])
+    )(ts)
     assert out.shape == (V, M, N)
     for v in range(V):
         epi = [("add", ts[v]), "silu", ("mul", ts[v])]
@@ -438,7 +457,9 @@ def test_vmap_grad(device):
 
     got = mx.vmap(mx.grad(loss))(xs)
     for v in range(4):
-        np.testing.assert_allclose(np.array(got[v]), np.array(mx.grad(loss)(xs[v])), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.array(got[v]), np.array(mx.grad(loss)(xs[v])), rtol=1e-5, atol=1e-6
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -516,7 +537,11 @@ SHAPELESS_PAD_BUG = pytest.mark.xfail(
     "output_shapes, so mx.compile(shapeless=True) of grad / reference_ops / dequantize raises "
     "'[Primitive::output_shapes] Pad cannot infer output shapes.'",
 )
-K_SHAPELESS = [32, pytest.param(33, marks=SHAPELESS_PAD_BUG), pytest.param(40, marks=SHAPELESS_PAD_BUG)]
+K_SHAPELESS = [
+    32,
+    pytest.param(33, marks=SHAPELESS_PAD_BUG),
+    pytest.param(40, marks=SHAPELESS_PAD_BUG),
+]
 
 
 @pytest.mark.parametrize("k", K_SHAPELESS, ids=lambda k: f"K={k}")
@@ -544,5 +569,7 @@ def test_compile_shapeless_reference_ops_and_dequantize(device, k):
     for m in [1, 5]:
         x = rand_x((m, k), mx.float32, g)
         check_matmul(f(x), x, packed, scales)
-    d = mx.compile(lambda a, s: mx_fp4.dequantize(a, s, k=k, dtype=mx.float32), shapeless=True)(w, scales)
+    d = mx.compile(lambda a, s: mx_fp4.dequantize(a, s, k=k, dtype=mx.float32), shapeless=True)(
+        w, scales
+    )
     np.testing.assert_array_equal(np.array(d), ref.decode_weights(packed, scales, k))

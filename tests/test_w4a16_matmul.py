@@ -86,7 +86,9 @@ def test_vector_x(device):
 
 
 @pytest.mark.parametrize("kind", ["float", "array", "array1"])
-@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32], ids=lambda d: case_id(dtype=d))
+@pytest.mark.parametrize(
+    "dtype", [mx.bfloat16, mx.float16, mx.float32], ids=lambda d: case_id(dtype=d)
+)
 def test_global_scale(device, kind, dtype):
     g = rng("gs", kind)
     m, n, k = 7, 96, 48
@@ -245,7 +247,16 @@ def test_exact_sums_are_exact(device):
 
 @pytest.mark.parametrize(
     "x_dtype,out_dtype,m,k",
-    [param(xd, od, m, k, x=xd, out=od, M=m, K=k) for (xd, od) in [(mx.bfloat16, mx.bfloat16), (mx.float32, mx.float32), (mx.float16, mx.float32)] for m in [1, 64] for k in [33, 256]],
+    [
+        param(xd, od, m, k, x=xd, out=od, M=m, K=k)
+        for (xd, od) in [
+            (mx.bfloat16, mx.bfloat16),
+            (mx.float32, mx.float32),
+            (mx.float16, mx.float32),
+        ]
+        for m in [1, 64]
+        for k in [33, 256]
+    ],
 )
 def test_matches_reference_ops(device, x_dtype, out_dtype, m, k):
     """The kernel and mx_fp4.w4a16_matmul_reference_ops (plain MLX ops) agree within 2x the table."""
@@ -259,8 +270,12 @@ def test_matches_reference_ops(device, x_dtype, out_dtype, m, k):
     out = mx_fp4.w4a16_matmul(x, w, scales, **kw)
     oracle = mx_fp4.w4a16_matmul_reference_ops(x, w, scales, **kw)
     assert oracle.dtype == out.dtype and oracle.shape == out.shape
-    check_matmul(out, x, packed, scales, global_scale=np.float32(0.37), epilogue=epi, out_dtype=out_dtype)
-    check_matmul(oracle, x, packed, scales, global_scale=np.float32(0.37), epilogue=epi, out_dtype=out_dtype)
+    check_matmul(
+        out, x, packed, scales, global_scale=np.float32(0.37), epilogue=epi, out_dtype=out_dtype
+    )
+    check_matmul(
+        oracle, x, packed, scales, global_scale=np.float32(0.37), epilogue=epi, out_dtype=out_dtype
+    )
     # Directly against each other: both within the bound of the reference, so within 2x of it.
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales, global_scale=np.float32(0.37))
     y, bound = error_bound(acc, mag, k, TOLERANCES[(x_dtype, out_dtype)], epi, 0.37)
@@ -291,11 +306,23 @@ def test_stream_argument(device):
 # kernels: M across the GEMV/GEMM switch and 512-row chunks, N across 64/448/512-row panels,
 # K across 256-deep panels and not a multiple of 16. Epilogue operands of every kind check the
 # (row, col) bookkeeping in every path.
-TILE_CASES = [(9, 449, 257), (513, 50, 300), (64, 897, 520), (8, 65, 4100), (520, 7, 17), (2 * 300, 70, 48)]
+TILE_CASES = [
+    (9, 449, 257),
+    (513, 50, 300),
+    (64, 897, 520),
+    (8, 65, 4100),
+    (520, 7, 17),
+    (2 * 300, 70, 48),
+]
 
 
 @pytest.mark.parametrize(
-    "dtype,m,n,k", [param(dt, m, n, k, dtype=dt, M=m, N=n, K=k) for dt in SHAPE_DTYPES for (m, n, k) in TILE_CASES]
+    "dtype,m,n,k",
+    [
+        param(dt, m, n, k, dtype=dt, M=m, N=n, K=k)
+        for dt in SHAPE_DTYPES
+        for (m, n, k) in TILE_CASES
+    ],
 )
 def test_tile_boundaries_with_epilogue(device, dtype, m, n, k):
     g = rng("tiles", m, n, k)
