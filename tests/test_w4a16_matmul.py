@@ -349,3 +349,26 @@ def test_repeat_evaluation_is_bitwise_identical(device, m):
     first = np.array(mx_fp4.w4a16_matmul(x, w, scales))
     for _ in range(3):
         np.testing.assert_array_equal(np.array(mx_fp4.w4a16_matmul(x, w, scales)), first)
+
+
+@pytest.mark.parametrize("layout", ["uint8", "uint32"])
+@pytest.mark.parametrize("how", ["row_step", "col_slice", "transposed"])
+def test_non_contiguous_w_and_scales(device, layout, how):
+    """Strided views of w and scales read the right bytes."""
+    g = rng("strided-w", layout, how)
+    n, k = 12, 48
+    w, scales, packed = rand_weights(2 * n, k, g, layout=layout)
+    x = rand_x((5, k), mx.float32, g)
+    if how == "row_step":
+        wv, sv, pv = w[1::2], scales[1::2], packed[1::2]
+    elif how == "col_slice":
+        # Weights and scales embedded in wider buffers, then sliced back out.
+        wide_w = mx.concatenate([mx.zeros_like(w[:, :1]), w, mx.zeros_like(w[:, :2])], axis=1)
+        wide_s = mx.concatenate([scales, mx.full(scales[:, :1].shape, 0x7F, mx.uint8)], axis=1)
+        wv, sv, pv = wide_w[:, 1 : 1 + w.shape[1]], wide_s[:, : scales.shape[1]], packed
+    else:  # column-major storage: the transpose of a contiguous [bytes, N] array
+        wv = mx.array(np.ascontiguousarray(np.array(w).T)).T
+        sv = mx.array(np.ascontiguousarray(np.array(scales).T)).T
+        pv = packed
+    out = mx_fp4.w4a16_matmul(x, wv, sv)
+    check_matmul(out, x, pv, sv)
