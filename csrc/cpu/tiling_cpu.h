@@ -1,17 +1,18 @@
-// CPU blocking. The vector width comes from the build variant (see microkernel.inc).
+// CPU blocking. The vector width and register tile come from the build variant (microkernel.inc).
 #pragma once
 
 namespace mlx_fp4::cpu {
 
-// Rows up to this use the GEMV path (weights streamed once for all rows).
+// Rows up to this use the GEMV path (weights streamed once for all rows, decoded in registers).
 constexpr int kGemvMaxRows = 8;
-// Register tile of the GEMM microkernel: kMicroRows rows x (2 vectors) columns.
-constexpr int kMicroRows = 6;
-// Cache blocking: one task owns kBlockRows x kBlockCols outputs; K advances by kBlockDepth.
-constexpr int kBlockRows = 16 * kMicroRows;  // 96
-constexpr int kBlockCols = 64;
-constexpr int kBlockDepth = 256;  // a multiple of the 16-value scale block
-// GEMV: output columns per task.
-constexpr int kGemvCols = 16;
+// GEMM: depth of one decoded weight panel (floats per panel row; a compile-time row stride of the
+// micro kernel). A multiple of every chunk size (2 * kVec <= 32).
+constexpr int kGemmDepth = 256;
+// GEMM: target weight rows per decoded panel (kGemmDepth x this x 4 bytes stays in L2).
+constexpr int kGemmPanelRows = 448;
+// GEMM: activation rows packed and processed per pass (bounds the packed-x buffer).
+constexpr int kGemmChunkRows = 512;
+// GEMV: weight rows per task (tasks are handed out dynamically).
+constexpr int kGemvTaskRows = 64;
 
 }  // namespace mlx_fp4::cpu
