@@ -1,0 +1,425 @@
+// W4A16 NVFP4 matmul kernels for Apple GPUs: out = epilogue(gs * (x @ dequant(w, scales)^T)).
+// x [M, K] (float, half or bfloat, rows contiguous); w [N, w_row_bytes] packed E2M1, low nibble
+// = even k; scales [N, scale_row_bytes] E4M3 bytes, one per 16 columns; out [M, N].
+// Kernels: w4a16_gemm (fused cooperative decode + simdgroup MMA, BN = 64, (BM, BK) = (128, 64)
+// or (64, 32), optional staged scales) and w4a16_gemv (M <= 4, registers only). The host picks
+// one in w4a16_dispatch.h; kernels are instantiated at JIT time by lines that
+// fp4::metal_instantiation() writes. Tile constants: csrc/shared/tiling_metal.h.
+// The file must stay ASCII (MLX hands the source to Metal as an ASCII string).
+#include <metal_stdlib>
+
+#include "w4a16_kernel_abi.h"
+#include "../shared/fp4_format.h"
+#include "../shared/w4a16_problem.h"
+
+using namespace metal;
+using namespace fp4;
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue and output
+
+// Reads element `off` of an epilogue operand of dtype `dtype` (OperandDtype) as fp32.
+inline float load_operand(device const uchar* base, int dtype, long off) {
+  if (dtype == kDtypeF32) {
+    return ((device const float*)base)[off];
+  }
+  if (dtype == kDtypeF16) {
+    return float(((device const half*)base)[off]);
+  }
+  return float(((device const bfloat*)base)[off]);
+}
+
+// The fp32 value stored at out[row, col]: global scale, then the epilogue chain in order.
+inline float finish_value(
+    float v,
+    int row,
+    int col,
+    constant W4A16MetalParams& p,
+    device const float* gscale,
+    device const uchar* op0,
+    device const uchar* op1,
+    device const uchar* op2,
+    device const uchar* op3) {
+  if ((p.flags & kMetalFlagGlobalScale) != 0) {
+    v *= gscale[0];
+  }
+  for (int i = 0; i < p.num_ops; ++i) {
+    const int code = p.ops[i].code;
+    const int which = p.ops[i].operand;
+    const float p0 = p.ops[i].p0;
+    const float p1 = p.ops[i].p1;
+    // Ops without a tensor operand take their constant from p0 (add/mul by a Python float).
+    float operand = p0;
+    if (which >= 0) {
+      device const uchar* base = which == 0 ? op0 : which == 1 ? op1 : which == 2 ? op2 : op3;
+      const long off = operand_offset(p.operand_kind[which], row, col, p.n);
+      operand = load_operand(base, p.operand_dtype[which], off);
+    }
+    v = epilogue_apply(code, v, operand, p0, p1);
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused GEMM
+
+// Row offsets (in elements of x) of the 4 fragment rows one lane reads. Rows past M are clamped
+// to M - 1: they are read (in bounds) but their results are never stored.
+struct ARows {
+  long off[kMetalSgFrags];
+};
+
+// Decodes one 16-column scale block of weight row n, columns [kb, kb + 16), times scale s, into
+// 16 halfs at dst. Every product of an E2M1 value and an E4M3 scale is exact in half (at most 6
+// significant bits, magnitude in [2^-10, 2688]), so the tile holds the exact weights.
+// CHECKED = false: the block lies inside the matrix and the 8 packed bytes are one aligned word.
+// CHECKED = true: byte loads; entries with n >= N or k >= K are zero and read nothing.
+template <bool CHECKED>
+inline void decode_block16(
+    threadgroup half* dst,
+    device const uchar* w,
+    constant W4A16MetalParams& p,
+    int n,
+    int kb,
+    float s) {
+  if (!CHECKED) {
+    const uint2 q = *((device const uint2*)(w + long(n) * p.w_row_bytes + kb / 2));
+    for (int g = 0; g < 4; ++g) {
+      const uint word = g < 2 ? q.x : q.y;
+      const uint shift0 = uint(g % 2) * 16u;
+      half4 v;
+      for (int e = 0; e < 4; ++e) {
+        v[e] = half(e2m1_to_float(word >> (shift0 + 4u * uint(e))) * s);
+      }
+      *((threadgroup half4*)(dst + 4 * g)) = v;
+    }
+  } else {
+    const bool row_ok = n < p.n;
+    device const uchar* wrow = w + long(row_ok ? n : 0) * p.w_row_bytes;
+    for (int g = 0; g < 4; ++g) {
+      half4 v;
+      for (int e = 0; e < 4; ++e) {
+        const int k = kb + 4 * g + e;
+        float val = 0.0f;
+        if (row_ok && k < p.k) {
+          const uint byte = wrow[k / 2];
+          val = e2m1_to_float(byte >> (uint(k % 2) * 4u)) * s;
+        }
+        v[e] = half(val);
+      }
+      *((threadgroup half4*)(dst + 4 * g)) = v;
+    }
+  }
+}
+
+// Scale of weight row n, block kb / 16, as fp32; 0 when the block lies outside the matrix.
+inline float load_scale(device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
+  if (n >= p.n || kb >= p.k) {
+    return 0.0f;
+  }
+  return e4m3_to_float(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
+}
+
+// Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
+// B comes from the decoded threadgroup tile bs ([BN][BK + pad] halfs), A from device memory.
+// KMASK: the strip crosses K; A columns >= K read as zero and touch no memory past K.
+template <typename XT, int BK, bool KMASK>
+inline void mma_strip(
+    thread simdgroup_float8x8* acc,
+    threadgroup const half* bs,
+    device const XT* x,
+    ARows a,
+    int k0,
+    int k_end,
+    bool x_vec,
+    short fm,
+    short fn,
+    int sg_n) {
+  const int ld = BK + kMetalBPad;
+  for (int kk = 0; kk < BK; kk += kMetalFrag) {
+    simdgroup_float8x8 af[kMetalSgFrags];
+    simdgroup_float8x8 bf[kMetalSgFrags];
+    const int col = k0 + kk + fn;
+    for (int i = 0; i < kMetalSgFrags; ++i) {
+      float e0;
+      float e1;
+      if (KMASK) {
+        // Clamp the column so that the load stays inside row a.off[i], then zero it.
+        const int c0 = min(col, k_end - 1);
+        const int c1 = min(col + 1, k_end - 1);
+        const float v0 = float(x[a.off[i] + c0]);
+        const float v1 = float(x[a.off[i] + c1]);
+        e0 = col < k_end ? v0 : 0.0f;
+        e1 = col + 1 < k_end ? v1 : 0.0f;
+      } else if (x_vec) {
+        const vec<XT, 2> t = *((device const vec<XT, 2>*)(x + a.off[i] + col));
+        e0 = float(t.x);
+        e1 = float(t.y);
+      } else {
+        e0 = float(x[a.off[i] + col]);
+        e1 = float(x[a.off[i] + col + 1]);
+      }
+      af[i].thread_elements()[0] = e0;
+      af[i].thread_elements()[1] = e1;
+    }
+    for (int j = 0; j < kMetalSgFrags; ++j) {
+      // B fragment element (row k, col n) = W[n][k]: lane holds (fm, fn) and (fm, fn + 1).
+      const int nl = sg_n * kMetalSgTile + j * kMetalFrag + fn;
+      bf[j].thread_elements()[0] = float(bs[nl * ld + kk + fm]);
+      bf[j].thread_elements()[1] = float(bs[(nl + 1) * ld + kk + fm]);
+    }
+    for (int i = 0; i < kMetalSgFrags; ++i) {
+      for (int j = 0; j < kMetalSgFrags; ++j) {
+        simdgroup_multiply_accumulate(
+            acc[i * kMetalSgFrags + j], af[i], bf[j], acc[i * kMetalSgFrags + j]);
+      }
+    }
+  }
+}
+
+// One threadgroup computes a BM x 64 output tile. Threads: BM / 32 * 2 simdgroups. Each strip
+// of BK columns: the threadgroup decodes the (64, BK) weight sub-tile into threadgroup memory
+// (thread t decodes row t / (BK / 16), block t % (BK / 16)), then every simdgroup runs its
+// 4 x 4 fragment MMAs. STAGE = false: two B buffers, one barrier per strip. STAGE = true: the
+// strip's scales are first staged in threadgroup memory by one coalesced load, one B buffer,
+// three barriers per strip (the seed's measured M5 layout); edge tiles use per-thread scales.
+template <typename XT, typename OutT, int BM, int BK, bool STAGE>
+[[kernel]] void w4a16_gemm(
+    device const XT* x [[buffer(kMetalBufX)]],
+    device const uchar* w [[buffer(kMetalBufW)]],
+    device const uchar* scales [[buffer(kMetalBufScales)]],
+    device OutT* out [[buffer(kMetalBufOut)]],
+    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
+    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
+    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
+    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
+    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
+    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
+    uint tg_index [[threadgroup_position_in_grid]],
+    ushort tid [[thread_index_in_threadgroup]],
+    ushort sgid [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  constexpr int kThreads = metal_gemm_threads(BM);
+  constexpr int kTpr = kThreads / kMetalBN;  // decode threads per weight row
+  constexpr int kBlocks = BK / kBlockSize;   // scale blocks per strip
+  constexpr int kLd = BK + kMetalBPad;
+  constexpr int kNumBuf = STAGE ? 1 : 2;
+  static_assert(kTpr * kMetalDecodeCols == BK, "one thread decodes one scale block per strip");
+  static_assert(kTpr == kBlocks, "staging assigns one scale per thread");
+
+  // half4 elements so that the half4 stores of the decode are aligned.
+  threadgroup half4 bs4[kNumBuf * kMetalBN * kLd / 4];
+  threadgroup float ss[STAGE ? kMetalBN * kBlocks : 1];
+
+  const MortonTile tile = morton_decode(tg_index, p.log2_grid_m, p.log2_grid_n);
+  if (int(tile.m) >= p.tiles_m || int(tile.n) >= p.tiles_n) {
+    return;  // the whole threadgroup leaves, before any barrier
+  }
+  threadgroup half* bs = (threadgroup half*)bs4;
+  const int m0 = int(tile.m) * BM;
+  const int n0 = int(tile.n) * kMetalBN;
+  const int sg_m = sgid / kMetalSgN;
+  const int sg_n = sgid % kMetalSgN;
+  // Fragment coordinates of this lane (the layout MLX's steel GEMM uses).
+  const short qid = short(lane / 4);
+  const short fm = short((qid & 4) + ((lane / 2) % 4));
+  const short fn = short((qid & 2) * 2 + (lane % 2) * 2);
+
+  ARows a;
+  for (int i = 0; i < kMetalSgFrags; ++i) {
+    const int r = min(m0 + sg_m * kMetalSgTile + i * kMetalFrag + fm, p.m - 1);
+    a.off[i] = long(r) * p.k;
+  }
+  simdgroup_float8x8 acc[kMetalSgFrags * kMetalSgFrags];
+  for (int i = 0; i < kMetalSgFrags * kMetalSgFrags; ++i) {
+    acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  }
+
+  const bool x_vec = (p.flags & kMetalFlagXVec2) != 0;
+  // Unchecked decode needs the whole 64-row tile inside N and aligned 8-byte weight words.
+  const bool w_fast = (n0 + kMetalBN <= p.n) && (p.flags & kMetalFlagWVec8) != 0;
+  const int full_strips = p.k / BK;
+  const int num_strips = (p.k + BK - 1) / BK;
+  const int dn = tid / kTpr;    // decoded row within the tile
+  const int dblk = tid % kTpr;  // decoded block within the strip
+
+  if (STAGE) {
+    for (int s = 0; s < num_strips; ++s) {
+      const int k0 = s * BK;
+      const int kb = k0 + dblk * kMetalDecodeCols;
+      threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
+      if (w_fast && s < full_strips) {
+        // One coalesced load of the strip's 64 x kBlocks scale bytes.
+        const int sr = tid / kBlocks;
+        const int sb = tid % kBlocks;
+        ss[tid] = e4m3_to_float(scales[long(n0 + sr) * p.scale_row_bytes + s * kBlocks + sb]);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        decode_block16<false>(dst, w, p, n0 + dn, kb, ss[dn * kBlocks + dblk]);
+      } else {
+        decode_block16<true>(dst, w, p, n0 + dn, kb, load_scale(scales, p, n0 + dn, kb));
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      if (s < full_strips) {
+        mma_strip<XT, BK, false>(acc, bs, x, a, k0, p.k, x_vec, fm, fn, sg_n);
+      } else {
+        mma_strip<XT, BK, true>(acc, bs, x, a, k0, p.k, x_vec, fm, fn, sg_n);
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+  } else {
+    // Prologue: strip 0 into buffer 0. Then each step decodes strip s + 1 into the other buffer
+    // while the simdgroups multiply strip s; one barrier separates the steps.
+    {
+      const int kb = dblk * kMetalDecodeCols;
+      threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
+      const float sc = load_scale(scales, p, n0 + dn, kb);
+      if (w_fast && 0 < full_strips) {
+        decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
+      } else {
+        decode_block16<true>(dst, w, p, n0 + dn, kb, sc);
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int s = 0; s < num_strips; ++s) {
+      if (s + 1 < num_strips) {
+        const int kb = (s + 1) * BK + dblk * kMetalDecodeCols;
+        threadgroup half* dst =
+            bs + ((s + 1) % 2) * kMetalBN * kLd + dn * kLd + dblk * kMetalDecodeCols;
+        const float sc = load_scale(scales, p, n0 + dn, kb);
+        if (w_fast && s + 1 < full_strips) {
+          decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
+        } else {
+          decode_block16<true>(dst, w, p, n0 + dn, kb, sc);
+        }
+      }
+      threadgroup const half* src = bs + (s % 2) * kMetalBN * kLd;
+      if (s < full_strips) {
+        mma_strip<XT, BK, false>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);
+      } else {
+        mma_strip<XT, BK, true>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+  }
+
+  // Epilogue: lane holds (row fm, cols fn and fn + 1) of each 8 x 8 fragment.
+  const bool out_vec = (p.flags & kMetalFlagOutVec2) != 0;
+  for (int i = 0; i < kMetalSgFrags; ++i) {
+    const int row = m0 + sg_m * kMetalSgTile + i * kMetalFrag + fm;
+    if (row >= p.m) {
+      continue;
+    }
+    for (int j = 0; j < kMetalSgFrags; ++j) {
+      const int col = n0 + sg_n * kMetalSgTile + j * kMetalFrag + fn;
+      if (col >= p.n) {
+        continue;
+      }
+      const long idx = long(row) * p.n + col;
+      const float v0 = finish_value(
+          acc[i * kMetalSgFrags + j].thread_elements()[0], row, col, p, gscale, op0, op1, op2,
+          op3);
+      if (col + 1 < p.n) {
+        const float v1 = finish_value(
+            acc[i * kMetalSgFrags + j].thread_elements()[1], row, col + 1, p, gscale, op0, op1,
+            op2, op3);
+        if (out_vec) {
+          vec<OutT, 2> t;
+          t.x = OutT(v0);
+          t.y = OutT(v1);
+          *((device vec<OutT, 2>*)(out + idx)) = t;
+        } else {
+          out[idx] = OutT(v0);
+          out[idx + 1] = OutT(v1);
+        }
+      } else {
+        out[idx] = OutT(v0);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV (M <= kMetalGemvMaxM)
+
+// One simdgroup per output column n, no threadgroup memory and no barriers. Lane l owns the
+// 16-column blocks l, l + 32, ...: one 8-byte weight load and one scale per block, decoded in
+// registers, dotted with up to kMetalGemvMaxM rows of x; simd_sum reduces the lanes.
+template <typename XT, typename OutT>
+[[kernel]] void w4a16_gemv(
+    device const XT* x [[buffer(kMetalBufX)]],
+    device const uchar* w [[buffer(kMetalBufW)]],
+    device const uchar* scales [[buffer(kMetalBufScales)]],
+    device OutT* out [[buffer(kMetalBufOut)]],
+    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
+    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
+    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
+    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
+    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
+    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
+    uint tg_index [[threadgroup_position_in_grid]],
+    ushort sgid [[simdgroup_index_in_threadgroup]],
+    ushort lane [[thread_index_in_simdgroup]]) {
+  const int n = int(tg_index) * kMetalGemvSimdgroups + int(sgid);
+  if (n >= p.n) {
+    return;  // the whole simdgroup leaves; this kernel has no threadgroup barrier
+  }
+  const bool w_vec = (p.flags & kMetalFlagWVec8) != 0;
+  const bool x_vec = (p.flags & kMetalFlagXVec4) != 0;
+  const int num_blocks = (p.k + kBlockSize - 1) / kBlockSize;
+  device const uchar* wrow = w + long(n) * p.w_row_bytes;
+  device const uchar* srow = scales + long(n) * p.scale_row_bytes;
+
+  float acc[kMetalGemvMaxM];
+  for (int r = 0; r < kMetalGemvMaxM; ++r) {
+    acc[r] = 0.0f;
+  }
+  for (int b = int(lane); b < num_blocks; b += kMetalSimdWidth) {
+    const int kb = b * kBlockSize;
+    const bool full = kb + kBlockSize <= p.k;
+    const float s = e4m3_to_float(srow[b]);
+    float wv[kBlockSize];
+    if (full && w_vec) {
+      const uint2 q = *((device const uint2*)(wrow + kb / 2));
+      for (int i = 0; i < kBlockSize; ++i) {
+        const uint word = i < 8 ? q.x : q.y;
+        wv[i] = e2m1_to_float(word >> (4u * uint(i % 8))) * s;
+      }
+    } else {
+      for (int i = 0; i < kBlockSize; ++i) {
+        const int k = kb + i;
+        wv[i] = k < p.k ? e2m1_to_float(uint(wrow[k / 2]) >> (uint(k % 2) * 4u)) * s : 0.0f;
+      }
+    }
+    for (int r = 0; r < kMetalGemvMaxM; ++r) {
+      if (r < p.m) {
+        device const XT* xr = x + long(r) * p.k + kb;
+        float d = 0.0f;
+        if (full && x_vec) {
+          for (int q4 = 0; q4 < kBlockSize / 4; ++q4) {
+            const vec<XT, 4> t = *((device const vec<XT, 4>*)(xr + 4 * q4));
+            d += float(t.x) * wv[4 * q4] + float(t.y) * wv[4 * q4 + 1] +
+                float(t.z) * wv[4 * q4 + 2] + float(t.w) * wv[4 * q4 + 3];
+          }
+        } else {
+          for (int i = 0; i < kBlockSize; ++i) {
+            if (kb + i < p.k) {
+              d += float(xr[i]) * wv[i];
+            }
+          }
+        }
+        acc[r] += d;
+      }
+    }
+  }
+  for (int r = 0; r < kMetalGemvMaxM; ++r) {
+    acc[r] = simd_sum(acc[r]);
+  }
+  if (lane == 0) {
+    for (int r = 0; r < kMetalGemvMaxM; ++r) {
+      if (r < p.m) {
+        const float v = finish_value(acc[r], r, n, p, gscale, op0, op1, op2, op3);
+        out[long(r) * p.n + n] = OutT(v);
+      }
+    }
+  }
+}

@@ -1,0 +1,51 @@
+// Tile shapes and dispatch thresholds of the Metal kernels (csrc/metal/w4a16_matmul.metal).
+// Compiled as MSL (embedded in the JIT source) and as C++ (host dispatch, metal_sim tests), so
+// the host arithmetic and the kernels read the same numbers. Framework-free, see portable.h.
+#pragma once
+#include "portable.h"
+
+namespace fp4 {
+
+// Threads per simdgroup on every Apple GPU.
+FP4_CONST int kMetalSimdWidth = 32;
+// Side of one simdgroup_matrix fragment (the only size MSL offers).
+FP4_CONST int kMetalFrag = 8;
+
+// Fused GEMM. Threadgroup tile BM x BN; each simdgroup owns a 32 x 32 output tile, that is
+// 2 x 2 MMA tiles of 16 x 16, each made of 2 x 2 simdgroup_float8x8 fragments.
+FP4_CONST int kMetalBN = 64;
+FP4_CONST int kMetalSgTile = 32;
+FP4_CONST int kMetalSgFrags = kMetalSgTile / kMetalFrag;  // 4 fragments per side
+FP4_CONST int kMetalSgN = kMetalBN / kMetalSgTile;        // 2 simdgroups along N
+// The two (BM, BK) pairs. One thread decodes one 16-column scale block per strip, so
+// BK = (threads / BN) * 16: 256 threads -> BK 64, 128 threads -> BK 32.
+FP4_CONST int kMetalLargeBM = 128;
+FP4_CONST int kMetalLargeBK = 64;
+FP4_CONST int kMetalSmallBM = 64;
+FP4_CONST int kMetalSmallBK = 32;
+FP4_CONST int kMetalDecodeCols = 16;
+// Padding (in halfs) at the end of each row of the decoded B tile: spreads the column reads
+// of the B fragments over more threadgroup-memory banks. A multiple of 4 keeps half4 stores
+// aligned.
+FP4_CONST int kMetalBPad = 8;
+
+// GEMV: 8 simdgroups (256 threads) per threadgroup, one output column per simdgroup, up to
+// kMetalGemvMaxM rows of x held in registers.
+FP4_CONST int kMetalGemvSimdgroups = 8;
+FP4_CONST int kMetalGemvMaxM = 4;
+
+// Dispatch thresholds on M (rows of x). See docs/metal.md for the table and the reasons.
+// M <= kMetalGemvMaxM: GEMV. M < kMetalLargeTileMinM: BM=64/BK=32. Otherwise BM=128/BK=64
+// with staged scales.
+FP4_CONST int kMetalLargeTileMinM = 256;
+
+// Limits every Apple GPU family has; the metal_sim shim enforces the same numbers.
+FP4_CONST int kMetalMaxThreadgroupBytes = 32768;
+FP4_CONST int kMetalMaxThreadsPerThreadgroup = 1024;
+
+// Threads of a fused-GEMM threadgroup with BM rows.
+FP4_FN constexpr int metal_gemm_threads(int bm) {
+  return (bm / kMetalSgTile) * kMetalSgN * kMetalSimdWidth;
+}
+
+}  // namespace fp4

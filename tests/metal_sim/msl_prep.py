@@ -1,0 +1,216 @@
+"""metal_sim prep step: MSL source -> C++ the shim can compile, line for line.
+
+Rewrites (every one keeps the line count, so clang's errors point at the MSL lines):
+1. `threadgroup T name[N]...;` at statement start -> a reference to one object per
+   threadgroup: `auto& name = ::msim::tg_var<T[N]...>(id);` (an empty `threadgroup` macro would
+   make the array per-thread).
+2. `template [[host_name("x")]] [[kernel]] decltype(f<...>) f<...>;` (MLX's instantiation form,
+   a hard error in C++) -> the same explicit instantiation without the attributes, plus a
+   registration of `&f<...>` under the host name "x".
+3. C-style casts to a vector type, `(float4)v`, are rejected: clang treats them as bit casts
+   while Metal converts. Write `float4(v)`.
+4. Non-template `[[kernel]]` functions are registered under their own name.
+5. Writes a signature table per `[[kernel]]` function: the attribute of each parameter
+   (`[[buffer(expr)]]`, `[[threadgroup(expr)]]`, built-ins), which the dispatcher uses to build
+   each thread's arguments. The buffer index expressions are copied as C++ expressions.
+
+Usage: msl_prep.py IN.metal OUT.cpp OUT_SIG.hpp
+"""
+
+import re
+import sys
+
+VECTOR_CAST = re.compile(
+    r"\(\s*(?:u?char|u?short|u?int|u?long|half|bfloat|float|bool)[234]\s*\)\s*[\w(]"
+)
+TG_DECL = re.compile(
+    r"^(?P<indent>\s*)threadgroup\s+(?P<type>[A-Za-z_][\w:<>, ]*?)\s+(?P<name>[A-Za-z_]\w*)"
+    r"\s*(?P<dims>(?:\[[^\]]+\])*)\s*;\s*(?P<comment>//.*)?$"
+)
+INST = re.compile(
+    r'^\s*template\s+\[\[\s*host_name\s*\(\s*"(?P<host>[^"]+)"\s*\)\s*\]\]\s*'
+    r"\[\[\s*kernel\s*\]\]\s*(?P<decl>.*);\s*$"
+)
+KERNEL = re.compile(r"\[\[\s*kernel\s*\]\]\s*void\s+(?P<name>[A-Za-z_]\w*)\s*\(")
+BUILTINS = {
+    "thread_position_in_grid": "kAttrThreadPositionInGrid",
+    "thread_position_in_threadgroup": "kAttrThreadPositionInThreadgroup",
+    "threadgroup_position_in_grid": "kAttrThreadgroupPositionInGrid",
+    "threads_per_threadgroup": "kAttrThreadsPerThreadgroup",
+    "threadgroups_per_grid": "kAttrThreadgroupsPerGrid",
+    "threads_per_grid": "kAttrThreadsPerGrid",
+    "thread_index_in_threadgroup": "kAttrThreadIndexInThreadgroup",
+    "thread_index_in_simdgroup": "kAttrThreadIndexInSimdgroup",
+    "simdgroup_index_in_threadgroup": "kAttrSimdgroupIndexInThreadgroup",
+    "threads_per_simdgroup": "kAttrThreadsPerSimdgroup",
+    "simdgroups_per_threadgroup": "kAttrSimdgroupsPerThreadgroup",
+    "thread_execution_width": "kAttrThreadExecutionWidth",
+}
+
+
+class PrepError(Exception):
+    pass
+
+
+def strip_comments(text):
+    """Blank out comments and string contents (same length) so that scans see only code."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in text[i:j]))
+            i = j
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append('"' + " " * (j - i - 1) + '"')
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def split_params(params):
+    """Split a parameter list at top-level commas."""
+    parts, depth, cur = [], 0, []
+    for ch in params:
+        if ch in "([<":
+            depth += 1
+        elif ch in ")]>":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur))
+    return parts
+
+
+def param_attr(param, kernel):
+    m = re.search(r"\[\[\s*(\w+)\s*(?:\((.*)\))?\s*\]\]", param)
+    if not m:
+        raise PrepError(f"kernel {kernel}: parameter without attribute: {param.strip()}")
+    attr, arg = m.group(1), m.group(2)
+    if attr == "buffer":
+        return f"{{::msim::kAttrBuffer, static_cast<int>({arg})}}"
+    if attr == "threadgroup":
+        return f"{{::msim::kAttrThreadgroup, static_cast<int>({arg})}}"
+    if attr in BUILTINS:
+        return f"{{::msim::{BUILTINS[attr]}, 0}}"
+    raise PrepError(f"kernel {kernel}: unsupported parameter attribute [[{attr}]]")
+
+
+TEMPLATE_TAIL = re.compile(r"template\s*<[^;{}]*>\s*$")
+
+
+def plain_kernels(code):
+    """Names of [[kernel]] functions that are not templates (Metal exports them by name)."""
+    return [m.group("name") for m in KERNEL.finditer(code)
+            if not TEMPLATE_TAIL.search(code[max(0, m.start() - 400) : m.start()])]
+
+
+def kernel_signatures(code):
+    sigs = {}
+    for m in KERNEL.finditer(code):
+        name = m.group("name")
+        depth, j = 1, m.end()
+        while depth:
+            if code[j] == "(":
+                depth += 1
+            elif code[j] == ")":
+                depth -= 1
+            j += 1
+        params = split_params(code[m.end() : j - 1])
+        sigs[name] = [param_attr(p, name) for p in params]
+    return sigs
+
+
+def prep(src, path):
+    code = strip_comments(src)
+    src_lines = src.split("\n")
+    code_lines = code.split("\n")
+    out = []
+    reg = 0
+    for lineno, (line, cline) in enumerate(zip(src_lines, code_lines), start=1):
+        if VECTOR_CAST.search(cline):
+            raise PrepError(
+                f"{path}:{lineno}: C-style cast to a vector type (clang bit-casts, Metal "
+                f"converts); write it as a constructor, e.g. float4(v)"
+            )
+        m = TG_DECL.match(cline)
+        if m:
+            out.append(
+                f"{m['indent']}auto& {m['name']} = ::msim::tg_var<{m['type']}{m['dims']}>"
+                f"({lineno});"
+            )
+            continue
+        m = INST.match(cline)
+        if m:
+            host = INST.match(line)["host"]
+            decl = m["decl"].strip()
+            dm = re.match(r"decltype\((?P<fn>.*)\)\s*(?P<fn2>[\w:]+\s*<.*>)$", decl)
+            if dm:
+                fn = dm["fn2"].strip()
+            else:
+                fm = re.match(r".*?\b(?P<fn>[A-Za-z_]\w*\s*<[^()]*>)\s*\(", decl)
+                if not fm:
+                    raise PrepError(f"{path}:{lineno}: cannot parse the instantiation: {decl}")
+                fn = fm["fn"].strip()
+            base = re.match(r"\s*([A-Za-z_]\w*)", fn).group(1)
+            reg += 1
+            out.append(
+                f"template {decl}; static const bool msim_reg_{lineno}_{reg} = "
+                f'::msim::register_kernel("{host}", "{base}", &{fn});'
+            )
+            continue
+        out.append(line)
+    sigs = kernel_signatures(code)
+    # Registrations of non-template kernels go after the last line (line numbers unchanged).
+    regs = [f'static const bool msim_reg_plain_{k} = ::msim::register_kernel("{k}", "{k}", &{k});'
+            for k in plain_kernels(code)]
+    return "\n".join(out + regs), sigs
+
+
+def signature_header(sigs):
+    lines = ["// Generated by msl_prep.py: parameter attributes of each [[kernel]].", "#pragma once"]
+    for name, attrs in sigs.items():
+        lines.append(f"static const ::msim::ParamAttr msim_sig_{name}[] = {{")
+        lines += [f"    {a}," for a in attrs]
+        lines.append("};")
+        lines.append(
+            f'static const ::msim::SignatureRegistrar msim_sigreg_{name}("{name}", '
+            f"msim_sig_{name}, {len(attrs)});"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    src_path, out_path, sig_path = argv[1:4]
+    with open(src_path) as f:
+        src = f.read()
+    try:
+        text, sigs = prep(src, src_path)
+    except PrepError as e:
+        print(f"msl_prep: {e}", file=sys.stderr)
+        return 2
+    with open(out_path, "w") as f:
+        f.write(f'#line 1 "{src_path}"\n' + text)
+    with open(sig_path, "w") as f:
+        f.write(signature_header(sigs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,272 @@
+"""The Metal kernels (csrc/metal/w4a16_matmul.metal) executed on the CPU by metal_sim, launched by
+the production host code (csrc/metal/w4a16_dispatch.h), against the float64 reference
+(tests/reference.py) within the tolerance table (tests/common.py).
+
+Grid: every kernel x config (GEMV; GEMM BM/BK in {128/64, 64/32} x staged scales on/off) x out
+dtype x epilogue chain on ragged shapes (M, N, K not tile multiples, odd K, K < 16, K = 1), every
+x dtype, aligned (vector loads) and unaligned (scalar loads) buffers, padded weight rows with
+garbage padding nibbles, special values (NaN scales, Inf activations, subnormal scales), and the
+automatic kernel choice around its thresholds. Buffers end at a guard page: any read past the end
+fails the test, and unwritten outputs read back as NaN.
+"""
+
+import subprocess
+
+import ml_dtypes
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import common
+import reference as ref
+import simcase as sc
+
+GEMM_CONFIGS = ["gemm64", "gemm64s", "gemm128", "gemm128s"]
+ALL_CONFIGS = ["gemv"] + GEMM_CONFIGS
+MX_DTYPE = {sc.F32: mx.float32, sc.F16: mx.float16, sc.BF16: mx.bfloat16}
+DTYPES = [sc.F32, sc.F16, sc.BF16]
+
+
+def make_problem(m, n, k, x_dtype, key, row_bytes=None, garbage_padding=False, x_scale=1.0):
+    g = common.rng("metal_sim", m, n, k, x_dtype, key)
+    row_bytes = row_bytes or -(-k // 2)
+    codes = np.zeros((n, 2 * row_bytes), np.uint8)
+    if garbage_padding:
+        codes[:] = g.integers(1, 16, size=codes.shape, dtype=np.uint8)
+    codes[:, :k] = g.integers(0, 16, size=(n, k), dtype=np.uint8)
+    packed = ref.pack_nibbles(codes)
+    scales = g.choice(common.DEFAULT_SCALE_CODES, size=(n, -(-k // 16))).astype(np.uint8)
+    x = (g.standard_normal((m, k)) * x_scale).astype(np.float32)
+    x = x.astype(sc.NP_DTYPE[x_dtype]).astype(np.float64)
+    return x, packed, scales, g
+
+
+def operand(g, shape, dtype):
+    v = g.uniform(-1.5, 1.5, size=shape).astype(np.float32)
+    return np.asarray(v.astype(dtype))
+
+
+def epilogue_chain(name, m, n, g):
+    """(sim ops, reference ops, global scale) of one named chain. Together the chains use every
+    op code, every operand kind (scalar, col, row, full) and dtype, and up to 4 operands."""
+    f64 = lambda a: np.asarray(a).astype(np.float64)  # noqa: E731
+    if name == "none":
+        return [], [], None
+    if name == "bias_silu":
+        b = operand(g, (n,), np.float32)
+        return [("add", b, None), ("silu", None, None)], [("add", f64(b)), "silu"], None
+    if name == "gate_gelu_clamp_gs":
+        t = operand(g, (m, n), np.float16)
+        return ([("mul", t, None), ("gelu", None, None), ("clamp", -0.5, 2.0)],
+                [("mul", f64(t)), "gelu", ("clamp", -0.5, 2.0)], 0.375)
+    if name == "scale_row_gelu_approx_scalar_sigmoid":
+        r = operand(g, (m, 1), ml_dtypes.bfloat16)
+        s = operand(g, (), np.float32)
+        return ([("scale", 0.5, None), ("add", r, None), ("gelu_approx", None, None),
+                 ("add", s, None), ("sigmoid", None, None)],
+                [("scale", 0.5), ("add", f64(r)), "gelu_approx", ("add", f64(s)), "sigmoid"], None)
+    if name == "relu_float_tanh_gs":
+        return ([("relu", None, None), ("add", 0.25, None), ("tanh", None, None),
+                 ("mul", 1.5, None)], ["relu", ("add", 0.25), "tanh", ("mul", 1.5)], 7.5)
+    if name == "four_operands":
+        c = operand(g, (n,), ml_dtypes.bfloat16)
+        r = operand(g, (m, 1), np.float32)
+        f = operand(g, (m, n), np.float32)
+        s = operand(g, (), np.float16)
+        return ([("add", c, None), ("mul", r, None), ("add", f, None), ("mul", s, None)],
+                [("add", f64(c)), ("mul", f64(r)), ("add", f64(f)), ("mul", f64(s))], None)
+    raise ValueError(name)
+
+
+EPILOGUES = ["none", "bias_silu", "gate_gelu_clamp_gs", "scale_row_gelu_approx_scalar_sigmoid",
+             "relu_float_tanh_gs", "four_operands"]
+
+
+def check(runner, tmp_path, m, n, k, *, x_dtype=sc.BF16, out_dtype=sc.F32, force="auto",
+          guard="end", epilogue="none", row_bytes=None, garbage_padding=False, key=0,
+          mutate=None):
+    x, packed, scales, g = make_problem(m, n, k, x_dtype, (key, epilogue), row_bytes,
+                                        garbage_padding)
+    if mutate is not None:
+        mutate(x, packed, scales)
+    sim_ops, ref_ops, gs = epilogue_chain(epilogue, m, n, g)
+    out, plan = sc.run_case(runner, tmp_path / "case", m=m, n=n, k=k, x=x, w_packed=packed,
+                            scales=scales, x_dtype=x_dtype, out_dtype=out_dtype, global_scale=gs,
+                            epilogue=sim_ops, force=force, guard=guard)
+    gs32 = None if gs is None else np.float32(gs)
+    _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales, k, gs32)
+    tol = common.TOLERANCES[(MX_DTYPE[x_dtype], MX_DTYPE[out_dtype])]
+    y, bound = common.error_bound(acc, mag, k, tol, ref_ops, gs32)
+    # Round the reference to the output dtype where that overflows (fp16 Inf).
+    common.assert_close(out, y, bound, what=f"{plan.get('kernel')} m={m} n={n} k={k}")
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Every kernel x config on ragged shapes.
+
+GEMM_SHAPES = [
+    # (M, N, K, guard): ragged in every dim, odd K, K % BK != 0, K < 16, K = 1
+    (70, 65, 37, "end"),
+    (5, 9, 7, "end"),
+    (9, 17, 1, "end"),
+    (133, 130, 200, "end"),
+    (31, 64, 15, "start"),
+    # tile multiples with aligned buffers: vector loads, unchecked decode, staged scales
+    (64, 64, 64, "aligned"),
+    (150, 128, 256, "aligned"),
+    (129, 70, 96, "aligned"),
+]
+
+
+@pytest.mark.parametrize("force", GEMM_CONFIGS)
+@pytest.mark.parametrize("m,n,k,guard", GEMM_SHAPES, ids=lambda v: str(v))
+def test_gemm_shapes(sim_runner, tmp_path, force, m, n, k, guard):
+    plan = check(sim_runner, tmp_path, m, n, k, force=force, guard=guard)
+    bm = {"gemm64": "64", "gemm64s": "64", "gemm128": "128", "gemm128s": "128"}[force]
+    assert f"_bm{bm}_" in plan["kernel"][0]
+    if guard == "aligned":
+        assert int(plan["flags"][0]) & (2 | 8 | 16) == 2 | 8 | 16  # x vec2, w vec8, out vec2
+
+
+GEMV_SHAPES = [
+    (1, 1, 1, "end"),
+    (1, 70, 37, "end"),
+    (2, 9, 7, "end"),
+    (3, 33, 16, "aligned"),
+    (4, 41, 600, "aligned"),
+    (4, 17, 999, "start"),
+    (1, 100, 1024, "aligned"),
+]
+
+
+@pytest.mark.parametrize("m,n,k,guard", GEMV_SHAPES, ids=lambda v: str(v))
+def test_gemv_shapes(sim_runner, tmp_path, m, n, k, guard):
+    plan = check(sim_runner, tmp_path, m, n, k, force="gemv", guard=guard)
+    assert "_gemv_" in plan["kernel"][0]
+    if guard == "aligned" and k % 16 == 0:
+        assert int(plan["flags"][0]) & (4 | 8) == 4 | 8  # x vec4, w vec8
+
+
+# Every config x out dtype x epilogue chain, on a ragged shape.
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=lambda d: sc.DTYPE_NAME[d])
+@pytest.mark.parametrize("force", ALL_CONFIGS)
+def test_out_dtype_epilogue(sim_runner, tmp_path, force, out_dtype, epilogue):
+    m, n, k = (3, 37, 45) if force == "gemv" else (70, 67, 45)
+    check(sim_runner, tmp_path, m, n, k, force=force, out_dtype=out_dtype, epilogue=epilogue,
+          x_dtype=sc.F16 if out_dtype == sc.BF16 else sc.BF16)
+
+
+# Every x dtype (the kernels are specialized on it), aligned and unaligned.
+@pytest.mark.parametrize("guard", ["end", "aligned"])
+@pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: sc.DTYPE_NAME[d])
+@pytest.mark.parametrize("force", ALL_CONFIGS)
+def test_x_dtypes(sim_runner, tmp_path, force, x_dtype, guard):
+    m = 4 if force == "gemv" else 77
+    n, k = (66, 96) if guard == "aligned" else (66, 43)
+    check(sim_runner, tmp_path, m, n, k, force=force, x_dtype=x_dtype, out_dtype=x_dtype,
+          guard=guard, epilogue="bias_silu")
+
+
+# Weight rows longer than ceil(K/2) (MLX's uint32 layout) with garbage padding nibbles.
+@pytest.mark.parametrize("force", ALL_CONFIGS)
+@pytest.mark.parametrize("k", [13, 37, 64])
+def test_padded_rows_garbage(sim_runner, tmp_path, force, k):
+    m = 2 if force == "gemv" else 40
+    row_bytes = 4 * (-(-k // 8)) + 8  # wider than the uint32 layout too
+    check(sim_runner, tmp_path, m, 70, k, force=force, row_bytes=row_bytes,
+          garbage_padding=True, guard="aligned" if k == 64 else "end")
+
+
+# ---------------------------------------------------------------------------------------------
+# Special values: NaN scale bytes (0x7F), Inf activations, subnormal E4M3 scales, all codes.
+
+
+def plant_specials(x, packed, scales):
+    n, blocks = scales.shape
+    scales[0, 0] = 0x7F  # NaN: row 0 of the output is NaN where block 0 contributes
+    scales[min(1, n - 1), :] = np.arange(blocks) % 8  # E4M3 subnormals and zero
+    scales[min(2, n - 1), -1] = 0xFF  # -NaN in the K-tail block
+    x[-1, 0] = np.inf
+
+
+@pytest.mark.parametrize("force", ALL_CONFIGS)
+@pytest.mark.parametrize("k", [35, 64])
+def test_special_values(sim_runner, tmp_path, force, k):
+    m = 3 if force == "gemv" else 66
+    check(sim_runner, tmp_path, m, 67, k, force=force, mutate=plant_specials,
+          guard="aligned" if k == 64 else "end")
+
+
+# ---------------------------------------------------------------------------------------------
+# The dispatch table (docs/metal.md) and the launch arithmetic, driven through the runner.
+
+
+@pytest.mark.parametrize(
+    "m,expected",
+    [(1, "gemv"), (4, "gemv"), (5, "gemm_bm64_bk32_s0"), (255, "gemm_bm64_bk32_s0"),
+     (256, "gemm_bm128_bk64_s1"), (5000, "gemm_bm128_bk64_s1")])
+def test_dispatch_table(sim_runner, m, expected):
+    plan = sc.run_plan(sim_runner, m, 300, 200)
+    assert f"_w4a16_{expected}_" in plan["kernel"][0]
+    if expected == "gemv":
+        assert plan["grid"] == [str(-(-300 // 8))] and plan["threads"] == ["256"]
+    else:
+        bm = 128 if "bm128" in expected else 64
+        tiles_m, tiles_n = -(-m // bm), -(-300 // 64)
+        lgm, lgn = (tiles_m - 1).bit_length(), (tiles_n - 1).bit_length()
+        assert plan["tiles"] == [str(tiles_m), str(tiles_n)]
+        assert plan["log2_grid"] == [str(lgm), str(lgn)]
+        assert plan["grid"] == [str(1 << (lgm + lgn))]
+        assert plan["threads"] == [str(bm // 32 * 2 * 32)]
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 255, 256, 300])
+def test_auto_dispatch_runs(sim_runner, tmp_path, m):
+    check(sim_runner, tmp_path, m, 70, 40, force="auto", epilogue="bias_silu")
+
+
+def test_bindings_follow_primitive_inputs(sim_runner):
+    # x, w, scales, out (-1), params (-2), then global scale and operands (none here: x).
+    plan = sc.run_plan(sim_runner, 10, 10, 10)
+    assert plan["bindings"] == ["0", "1", "2", "-1", "-2", "0", "0", "0", "0", "0"]
+
+
+def test_forced_gemv_rejects_large_m(sim_runner):
+    with pytest.raises(sc.SimFailure, match="GEMV handles M <= 4"):
+        sc.run_plan(sim_runner, 5, 10, 10, force="gemv")
+
+
+@pytest.mark.parametrize("lgm,lgn", [(0, 0), (2, 2), (3, 1), (1, 4), (0, 3), (5, 0)])
+def test_morton_is_a_bijection(sim_runner, lgm, lgn):
+    out = subprocess.run([str(sim_runner), "morton", str(lgm), str(lgn)], capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    tiles = [tuple(map(int, line.split())) for line in out if line]
+    assert sorted(tiles) == [(a, b) for a in range(1 << lgm) for b in range(1 << lgn)]
+    if lgm and lgn:
+        assert tiles[1] == (0, 1) and tiles[2] == (1, 0)  # even bits -> n, odd bits -> m
+
+
+def test_params_abi_matches_between_cpp_and_msl(sim_runner):
+    out = subprocess.run([str(sim_runner), "abi"], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    cpp = out[0].split()[1:]
+    msl = out[1].split()[1:]
+    assert cpp == msl
+
+
+def test_every_specialization_is_compiled(sim_runner):
+    names = subprocess.run([str(sim_runner), "list"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    # GEMV + 4 GEMM configs, x 3 x dtypes x 3 out dtypes.
+    assert len(names) == 5 * 9 and len(set(names)) == 45
+
+
+def test_embedded_source_is_ascii_and_self_contained(embedded_msl):
+    embedded_msl.encode("ascii")  # MLX hands the source to Metal as an ASCII string
+    # Every quoted include is inlined; only system headers (<metal_stdlib>, and the C++ branch
+    # of portable.h) remain.
+    includes = [ln for ln in embedded_msl.splitlines() if ln.lstrip().startswith("#include")]
+    assert "#include <metal_stdlib>" in includes
+    assert not [ln for ln in includes if '"' in ln]
