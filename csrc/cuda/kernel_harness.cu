@@ -1,0 +1,568 @@
+// Standalone check and timing of the CUDA kernels, without MLX (scripts/gpu_check.sh builds it):
+//   correctness: every path (tc, simt, dequant + cuBLASLt) and x/out dtype against a float64 host
+//                reference, ragged shapes, epilogue chains, and an exact decode test over all
+//                (byte, scale) pairs with identity x;
+//   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
+//                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
+// Usage: kernel_harness [check] [bench] [--quick]. Prints CSV-like lines; exit code 1 on a failure.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../shared/tiling_cuda.h"
+#include "w4a16_kernels.h"
+
+using namespace mlx_fp4::cuda;
+
+#define CK(x)                                                                                    \
+  do {                                                                                           \
+    cudaError_t e_ = (x);                                                                        \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+      std::exit(2);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+namespace {
+
+int g_failures = 0;
+DeviceInfo g_dev;
+
+
+size_t dtype_size(int d) { return d == fp4::kDtypeF32 ? 4 : 2; }
+
+void host_store(std::vector<uint8_t>& buf, int dtype, size_t i, float v) {
+  if (dtype == fp4::kDtypeF32) {
+    std::memcpy(&buf[i * 4], &v, 4);
+  } else if (dtype == fp4::kDtypeF16) {
+    __half h = __float2half_rn(v);
+    std::memcpy(&buf[i * 2], &h, 2);
+  } else {
+    __nv_bfloat16 b = __float2bfloat16_rn(v);
+    std::memcpy(&buf[i * 2], &b, 2);
+  }
+}
+
+float host_load(const std::vector<uint8_t>& buf, int dtype, size_t i) {
+  if (dtype == fp4::kDtypeF32) {
+    float v;
+    std::memcpy(&v, &buf[i * 4], 4);
+    return v;
+  }
+  if (dtype == fp4::kDtypeF16) {
+    __half h;
+    std::memcpy(&h, &buf[i * 2], 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 b;
+  std::memcpy(&b, &buf[i * 2], 2);
+  return __bfloat162float(b);
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n = 0) { alloc(n); }
+  void alloc(size_t n) {
+    bytes = n;
+    if (n) CK(cudaMalloc(&p, n));
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+void launch(const Launch& l, void* args, cudaStream_t s) {
+  void* params[] = {args};
+  CUresult r = cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
+                              reinterpret_cast<CUstream>(s), params, nullptr);
+  if (r != CUDA_SUCCESS) {
+    const char* msg = nullptr;
+    cuGetErrorString(r, &msg);
+    std::fprintf(stderr, "cuLaunchKernel: %s\n", msg ? msg : "?");
+    std::exit(2);
+  }
+}
+
+void* g_lt = nullptr;
+DevBuf* g_ws = nullptr;
+constexpr size_t kWsBytes = size_t(32) << 20;
+
+// One product by the given path into a.out (device pointers in a). For dequant: wd/acc scratch.
+void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc, cudaStream_t s) {
+  const fp4::W4A16Problem& p = a.p;
+  const bool vec = vector_loads_ok(p, a.x, a.w);
+  if (path == Path::kTensorCore) {
+    launch(tc_launch(p, cfg, vec), &a, s);
+  } else if (path == Path::kSimt) {
+    launch(simt_launch(p, vec), &a, s);
+  } else {
+    DequantArgs d{a.w, a.scales, wd, p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype};
+    launch(dequant_launch(d, vec), &d, s);
+    const bool direct = p.num_ops == 0 && (p.out_dtype == p.x_dtype || p.out_dtype == fp4::kDtypeF32);
+    char err[256] = {0};
+    if (!cublas_gemm(g_lt, s, p.m, p.n, p.k, a.x, wd, p.x_dtype, direct ? a.out : acc,
+                     direct ? p.out_dtype : fp4::kDtypeF32, a.global_scale, g_ws->p, kWsBytes, err)) {
+      std::fprintf(stderr, "cublas: %s\n", err);
+      std::exit(2);
+    }
+    if (!direct) {
+      EpilogueArgs e{};
+      e.acc = acc;
+      e.scaled = 1;
+      e.a = a;
+      launch(epilogue_launch(p), &e, s);
+    }
+  }
+}
+
+const char* path_name(Path p) {
+  return p == Path::kTensorCore ? "tc" : p == Path::kSimt ? "simt" : "dequant";
+}
+const char* dtype_name(int d) { return d == fp4::kDtypeF32 ? "f32" : d == fp4::kDtypeF16 ? "f16" : "bf16"; }
+
+// ----------------------------------------------------------------------------------------------
+// Correctness
+
+struct Case {
+  int64_t m, n, k;
+  int x_dtype, out_dtype;
+  bool gs;
+  int epi;  // 0 none, 1 bias+silu, 2 residual add + mul row + clamp, 3 gelu + scale
+  int64_t w_pad = 0;  // extra bytes per weight row
+};
+
+void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt19937& rng) {
+  fp4::W4A16Problem p{};
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.w_row_bytes = (c.k + 1) / 2 + c.w_pad;
+  p.scale_row_bytes = (c.k + 15) / 16;
+  p.x_dtype = c.x_dtype;
+  p.out_dtype = c.out_dtype;
+  p.has_global_scale = c.gs ? 1 : 0;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint8_t> w(p.n * p.w_row_bytes), sc(p.n * p.scale_row_bytes);
+  for (auto& b : w) b = uint8_t(byte(rng));
+  // Scales: E4M3 codes between 2^-4 and 2^3 (sign mostly positive), a few zero/subnormal.
+  for (auto& s : sc) {
+    int e = 3 + byte(rng) % 8, m = byte(rng) % 8;
+    int code = (e << 3) | m;
+    if (byte(rng) < 8) code = byte(rng) % 8;  // zero and subnormals
+    if (byte(rng) < 16) code |= 0x80;
+    s = uint8_t(code);
+  }
+  const size_t xs = dtype_size(c.x_dtype), os = dtype_size(c.out_dtype);
+  std::vector<uint8_t> x(p.m * p.k * xs);
+  for (int64_t i = 0; i < p.m * p.k; ++i) host_store(x, c.x_dtype, i, nd(rng));
+  const float gsv = 0.0123f;
+
+  // Epilogue operands.
+  std::vector<std::vector<uint8_t>> ops_host;
+  auto add_operand = [&](int kind, int dtype) {
+    int64_t count = kind == fp4::kOperandScalar ? 1 : kind == fp4::kOperandCol ? p.n : kind == fp4::kOperandRow ? p.m : p.m * p.n;
+    std::vector<uint8_t> v(count * dtype_size(dtype));
+    for (int64_t i = 0; i < count; ++i) host_store(v, dtype, i, nd(rng));
+    p.operand_kind[p.num_operands] = kind;
+    p.operand_dtype[p.num_operands] = dtype;
+    ops_host.push_back(v);
+    return p.num_operands++;
+  };
+  auto add_op = [&](int code, int operand, float p0 = 0, float p1 = 0) {
+    p.ops[p.num_ops++] = fp4::EpilogueOp{code, operand, p0, p1};
+  };
+  if (c.epi == 1) {
+    add_op(fp4::kEpiAdd, add_operand(fp4::kOperandCol, fp4::kDtypeBF16));
+    add_op(fp4::kEpiSilu, -1);
+  } else if (c.epi == 2) {
+    add_op(fp4::kEpiAdd, add_operand(fp4::kOperandFull, fp4::kDtypeF32));
+    add_op(fp4::kEpiMul, add_operand(fp4::kOperandRow, fp4::kDtypeF16));
+    add_op(fp4::kEpiClamp, -1, -1.5f, 2.0f);
+  } else if (c.epi == 3) {
+    add_op(fp4::kEpiGelu, -1);
+    add_op(fp4::kEpiScale, -1, 0.5f);
+    add_op(fp4::kEpiAdd, add_operand(fp4::kOperandScalar, fp4::kDtypeF32));
+  }
+
+  // Reference (float64 accumulation) and the bound on the accumulated magnitude.
+  std::vector<double> ref(p.m * p.n), mag(p.m * p.n);
+  std::vector<float> wdec(p.n * p.k);
+  for (int64_t n = 0; n < p.n; ++n)
+    for (int64_t k = 0; k < p.k; ++k) {
+      uint32_t b = w[n * p.w_row_bytes + k / 2];
+      uint32_t code = (k & 1) ? (b >> 4) : (b & 0xF);
+      wdec[n * p.k + k] = fp4::e2m1_to_float(code) * fp4::e4m3_to_float(sc[n * p.scale_row_bytes + k / 16]);
+    }
+  for (int64_t m = 0; m < p.m; ++m)
+    for (int64_t n = 0; n < p.n; ++n) {
+      double s = 0, a = 0;
+      for (int64_t k = 0; k < p.k; ++k) {
+        double t = double(host_load(x, c.x_dtype, m * p.k + k)) * wdec[n * p.k + k];
+        s += t;
+        a += std::fabs(t);
+      }
+      float v = float(s) * (c.gs ? gsv : 1.0f);
+      for (int i = 0; i < p.num_ops; ++i) {
+        const auto& op = p.ops[i];
+        float operand = 0;
+        if (op.operand >= 0) {
+          operand = host_load(ops_host[op.operand], p.operand_dtype[op.operand],
+                              fp4::operand_offset(p.operand_kind[op.operand], m, n, p.n));
+        }
+        v = fp4::epilogue_apply(op.code, v, operand, op.p0, op.p1);
+      }
+      ref[m * p.n + n] = v;
+      mag[m * p.n + n] = a * (c.gs ? gsv : 1.0);
+    }
+
+  // Device buffers (w with a guard: its allocation ends exactly at the last byte).
+  DevBuf dx(x.size()), dw(w.size()), ds(sc.size()), dout(p.m * p.n * os), dgs(4);
+  CK(cudaMemcpy(dx.p, x.data(), x.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ds.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dgs.p, &gsv, 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dout.p, 0xFF, dout.bytes));
+  std::vector<DevBuf*> dops;
+  W4A16Args a{};
+  for (size_t i = 0; i < ops_host.size(); ++i) {
+    dops.push_back(new DevBuf(ops_host[i].size()));
+    CK(cudaMemcpy(dops.back()->p, ops_host[i].data(), ops_host[i].size(), cudaMemcpyHostToDevice));
+    a.operands[i] = dops.back()->p;
+  }
+  a.x = dx.p;
+  a.w = static_cast<const uint8_t*>(dw.p);
+  a.scales = static_cast<const uint8_t*>(ds.p);
+  a.global_scale = c.gs ? static_cast<const float*>(dgs.p) : nullptr;
+  a.out = dout.p;
+  a.p = p;
+  DevBuf wd(p.n * p.k * xs), acc(p.m * p.n * 4);
+  const Plan plan = plan_w4a16(p, g_dev, vector_loads_ok(p, a.x, a.w), nullptr, nullptr);
+  const TcConfig cfg = cfg_override ? *cfg_override : plan.tc;
+  run_path(path, cfg, a, wd.p, static_cast<float*>(acc.p), 0);
+  CK(cudaDeviceSynchronize());
+  std::vector<uint8_t> out(dout.bytes);
+  CK(cudaMemcpy(out.data(), dout.p, out.size(), cudaMemcpyDeviceToHost));
+
+  // Error per element, normalized: |y - ref| <= out rounding + accumulation error.
+  const double out_eps = c.out_dtype == fp4::kDtypeF32 ? 1.0 / (1 << 22) : c.out_dtype == fp4::kDtypeF16 ? 1.0 / (1 << 10) : 1.0 / (1 << 7);
+  const double acc_eps = 1.0 / (1 << 16);  // fp32 (tensor-core) accumulation over K terms
+  double worst = 0;
+  int64_t worst_i = 0;
+  for (int64_t i = 0; i < p.m * p.n; ++i) {
+    const double y = host_load(out, c.out_dtype, i);
+    const double tol = out_eps * std::fabs(ref[i]) + acc_eps * (mag[i] + 1.0) * 4 + 1e-30;
+    double e = std::fabs(y - ref[i]) / tol;
+    if (std::isnan(y) != std::isnan(ref[i])) e = 1e30;
+    if (e > worst) {
+      worst = e;
+      worst_i = i;
+    }
+  }
+  const bool ok = worst <= 1.0;
+  if (!ok) ++g_failures;
+  std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld,tc=%d/%d/%d,worst=%.3g,%s",
+              path_name(path), ok ? "ok" : "FAIL", dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
+              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, cfg.mt, cfg.rt, cfg.kw, worst,
+              ok ? "\n" : "");
+  if (!ok) {
+    std::printf(" at m=%lld n=%lld y=%.8g ref=%.8g\n", (long long)(worst_i / p.n), (long long)(worst_i % p.n),
+                host_load(out, c.out_dtype, worst_i), ref[worst_i]);
+  }
+  for (auto* d : dops) delete d;
+}
+
+// Exact decode: K = 16, x = identity rows, so y[m, n] = decode(w[n, m]) * scale[n] exactly.
+void check_exact_decode(int x_dtype) {
+  const int64_t N = 4096, K = 16, M = 16;
+  fp4::W4A16Problem p{};
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.w_row_bytes = 16;  // padded row (vector path), bytes 8..15 unused
+  p.scale_row_bytes = 1;
+  p.x_dtype = x_dtype;
+  p.out_dtype = fp4::kDtypeF32;
+  std::vector<uint8_t> w(N * 16), sc(N), x(M * K * 2);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int j = 0; j < 16; ++j) w[n * 16 + j] = uint8_t((n * 8 + j * 37) & 0xFF);
+    int code = int((n * 37 + n / 256) & 0xFF);
+    if ((code & 0x7F) == 0x7F) code = 0x38;
+    sc[n] = uint8_t(code);
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) host_store(x, x_dtype, m * K + k, m == k ? 1.0f : 0.0f);
+  DevBuf dx(x.size()), dw(w.size()), ds(sc.size()), dout(M * N * 4);
+  CK(cudaMemcpy(dx.p, x.data(), x.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ds.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
+  W4A16Args a{};
+  a.x = dx.p;
+  a.w = static_cast<const uint8_t*>(dw.p);
+  a.scales = static_cast<const uint8_t*>(ds.p);
+  a.out = dout.p;
+  a.p = p;
+  int bad = 0;
+  for (int mt : {1, 2}) {
+    TcConfig cfg{mt, 1, 1};
+    CK(cudaMemset(dout.p, 0, dout.bytes));
+    run_path(Path::kTensorCore, cfg, a, nullptr, nullptr, 0);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> out(M * N);
+    CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        uint32_t b = w[n * 16 + m / 2];
+        uint32_t code = (m & 1) ? (b >> 4) : (b & 0xF);
+        float r = fp4::e2m1_to_float(code) * fp4::e4m3_to_float(sc[n]);
+        float y = out[m * N + n];
+        if (!(y == r || (std::isnan(y) && std::isnan(r)))) {
+          if (bad < 5) std::printf("  decode mismatch x=%s m=%lld n=%lld code=%u scale=0x%02x y=%g ref=%g\n",
+                                   dtype_name(x_dtype), (long long)m, (long long)n, code, sc[n], y, r);
+          ++bad;
+        }
+      }
+  }
+  if (bad) ++g_failures;
+  std::printf("check,tc-exact-decode,%s,x=%s,mismatches=%d\n", bad ? "FAIL" : "ok", dtype_name(x_dtype), bad);
+}
+
+void run_checks(bool quick) {
+  std::mt19937 rng(1234);
+  check_exact_decode(fp4::kDtypeBF16);
+  check_exact_decode(fp4::kDtypeF16);
+  std::vector<Case> cases = {
+      {1, 64, 256, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 0},
+      {5, 200, 1000, fp4::kDtypeBF16, fp4::kDtypeF32, true, 1},
+      {16, 128, 512, fp4::kDtypeF16, fp4::kDtypeF16, true, 2},
+      {33, 77, 333, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 3},   // ragged: odd K, not vector
+      {3, 50, 17, fp4::kDtypeF16, fp4::kDtypeF32, false, 0},       // K = 17
+      {2, 40, 1, fp4::kDtypeBF16, fp4::kDtypeF32, true, 0},        // K = 1
+      {70, 300, 2048, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 2},  // MT = 8, several M tiles
+      {9, 96, 520, fp4::kDtypeBF16, fp4::kDtypeF16, false, 1, 12}, // padded rows, K % 128 != 0
+      {8, 1024, 4096, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 0},
+      {4, 64, 264, fp4::kDtypeF32, fp4::kDtypeF32, true, 1},
+      {300, 64, 256, fp4::kDtypeF32, fp4::kDtypeBF16, false, 3},
+  };
+  for (const auto& c : cases) {
+    const bool half_x = c.x_dtype != fp4::kDtypeF32;
+    if (half_x) {
+      check_case(c, Path::kTensorCore, nullptr, rng);
+      if (!quick) {
+        for (int rt : {1, 2})
+          for (int kw : {1, 3, 8}) {
+            TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
+            if (cfg.mt * cfg.rt > 8) continue;
+            check_case(c, Path::kTensorCore, &cfg, rng);
+          }
+      }
+    }
+    check_case(c, Path::kSimt, nullptr, rng);
+    check_case(c, Path::kDequantGemm, nullptr, rng);
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Timing
+
+struct BenchShape {
+  int64_t n, k;
+};
+
+// Times `fn(copy_index)` over rotating copies; returns microseconds per call (min of 3 runs).
+template <typename F>
+double time_us(F fn, int copies, int iters, cudaStream_t s) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 2; ++i) fn(i % copies);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < iters; ++i) fn(i % copies);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, 1e3 * ms / iters);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
+void run_bench(bool quick) {
+  std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
+  std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  if (quick) ms = {1, 8, 16, 64, 256, 2048};
+  cudaStream_t s = 0;
+  // HBM copy bandwidth (read + write).
+  {
+    DevBuf a(size_t(1) << 30), b(size_t(1) << 30);
+    double us = time_us([&](int) { CK(cudaMemcpyAsync(b.p, a.p, a.bytes, cudaMemcpyDeviceToDevice, s)); }, 1, 5, s);
+    std::printf("bench,copy,GBps=%.1f\n", 2.0 * a.bytes / us / 1e3);
+  }
+  std::mt19937 rng(7);
+  for (const auto& sh : shapes) {
+    const int64_t N = sh.n, K = sh.k;
+    const int64_t wrb = K / 2, srb = K / 16;
+    const size_t wbytes = N * wrb + N * srb;
+    const int copies = int(std::max<int64_t>(2, (400LL << 20) / int64_t(wbytes) + 1));
+    std::vector<DevBuf*> dw, ds;
+    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
+    for (auto& b : hw) b = uint8_t(rng());
+    for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
+    for (int c = 0; c < copies; ++c) {
+      dw.push_back(new DevBuf(hw.size()));
+      ds.push_back(new DevBuf(hs.size()));
+      CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
+    }
+    // Dense bf16 weights for the baseline (2 copies of 2 bytes per weight > L2).
+    const int dcopies = 3;
+    std::vector<DevBuf*> dd;
+    for (int c = 0; c < dcopies; ++c) {
+      dd.push_back(new DevBuf(N * K * 2));
+      DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), dd.back()->p,
+                    N, K, wrb, srb, fp4::kDtypeBF16};
+      launch(dequant_launch(d, true), &d, s);
+    }
+    const int64_t maxm = ms.back();
+    DevBuf dx(maxm * K * 2), dout(maxm * N * 4), wd(N * K * 2), acc(maxm * N * 4);
+    {
+      std::vector<uint8_t> hx(maxm * K * 2);
+      for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
+      CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    }
+    for (int64_t M : ms) {
+      fp4::W4A16Problem p{};
+      p.m = M;
+      p.n = N;
+      p.k = K;
+      p.w_row_bytes = wrb;
+      p.scale_row_bytes = srb;
+      p.x_dtype = fp4::kDtypeBF16;
+      p.out_dtype = fp4::kDtypeBF16;
+      W4A16Args a{};
+      a.x = dx.p;
+      a.out = dout.p;
+      a.p = p;
+      auto with_copy = [&](int c) {
+        W4A16Args b = a;
+        b.w = static_cast<const uint8_t*>(dw[c]->p);
+        b.scales = static_cast<const uint8_t*>(ds[c]->p);
+        return b;
+      };
+      const double flops = 2.0 * M * N * K;
+      const double qbytes = double(wbytes);
+      const int iters = M >= 2048 ? 5 : 20;
+      auto report = [&](const char* what, const char* cfg, double us) {
+        std::printf("bench,%lldx%lld,M=%lld,%s,%s,us=%.2f,TFLOPs=%.1f,wGBps=%.0f\n", (long long)N, (long long)K,
+                    (long long)M, what, cfg, us, flops / us / 1e6, qbytes / us / 1e3);
+      };
+      // Dense bf16 baseline.
+      double dense = time_us(
+          [&](int c) {
+            char err[256];
+            if (!cublas_gemm(g_lt, s, M, N, K, dx.p, dd[c]->p, fp4::kDtypeBF16, dout.p, fp4::kDtypeBF16, nullptr,
+                             g_ws->p, kWsBytes, err)) {
+              std::fprintf(stderr, "%s\n", err);
+              std::exit(2);
+            }
+          },
+          dcopies, iters, s);
+      report("dense_bf16", "-", dense);
+      const Plan plan = plan_w4a16(p, g_dev, true, nullptr, nullptr);
+      std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d\n", (long long)N, (long long)K, (long long)M,
+                  path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw);
+      if (M <= 1024) {
+        const int mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+        std::vector<TcConfig> cfgs;
+        cfgs.push_back(plan.tc);
+        if (!quick) {
+          for (int m2 : {mt, std::min(8, mt * 2)})
+            for (int rt : {1, 2})
+              for (int kw : {1, 2, 4, 8}) {
+                if (m2 * rt > 8 || (m2 != mt && M > 64)) continue;
+                cfgs.push_back(TcConfig{m2, rt, kw});
+              }
+        }
+        for (const auto& cfg : cfgs) {
+          double us = time_us([&](int c) { run_path(Path::kTensorCore, cfg, with_copy(c), nullptr, nullptr, s); },
+                              copies, iters, s);
+          char name[32];
+          std::snprintf(name, sizeof name, "%d/%d/%d", cfg.mt, cfg.rt, cfg.kw);
+          report("tc", name, us);
+        }
+      }
+      if (M <= 16) {
+        double us = time_us([&](int c) { run_path(Path::kSimt, plan.tc, with_copy(c), nullptr, nullptr, s); }, copies,
+                            iters, s);
+        report("simt", "-", us);
+      }
+      if (M >= 16) {
+        double us = time_us(
+            [&](int c) { run_path(Path::kDequantGemm, plan.tc, with_copy(c), wd.p, static_cast<float*>(acc.p), s); },
+            copies, iters, s);
+        report("dequant+gemm", "-", us);
+        DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), wd.p, N, K,
+                      wrb, srb, fp4::kDtypeBF16};
+        double dq = time_us(
+            [&](int c) {
+              d.w = static_cast<const uint8_t*>(dw[c]->p);
+              d.scales = static_cast<const uint8_t*>(ds[c]->p);
+              launch(dequant_launch(d, true), &d, s);
+            },
+            copies, iters, s);
+        report("dequant_only", "-", dq);
+      }
+      std::fflush(stdout);
+    }
+    for (auto* b : dw) delete b;
+    for (auto* b : ds) delete b;
+    for (auto* b : dd) delete b;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool check = false, bench = false, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "check")) check = true;
+    if (!std::strcmp(argv[i], "bench")) bench = true;
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  if (!check && !bench) check = bench = true;
+  CK(cudaSetDevice(0));
+  CK(cudaFree(0));
+  CK(cudaDeviceGetAttribute(&g_dev.sm_count, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaDeviceGetAttribute(&g_dev.cc_major, cudaDevAttrComputeCapabilityMajor, 0));
+  CK(cudaDeviceGetAttribute(&g_dev.cc_minor, cudaDevAttrComputeCapabilityMinor, 0));
+  std::printf("device,sm=%d,cc=%d.%d\n", g_dev.sm_count, g_dev.cc_major, g_dev.cc_minor);
+  char err[256] = {0};
+  g_lt = cublas_handle(0, err);
+  if (!g_lt) {
+    std::fprintf(stderr, "%s\n", err);
+    return 2;
+  }
+  g_ws = new DevBuf(kWsBytes);
+  if (check) run_checks(quick);
+  if (bench) run_bench(quick);
+  std::printf("failures,%d\n", g_failures);
+  return g_failures ? 1 : 0;
+}

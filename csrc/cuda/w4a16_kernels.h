@@ -1,0 +1,101 @@
+// Framework-free interface of the CUDA W4A16 kernels (w4a16_matmul.cu) and of the cuBLAS step
+// (w4a16_cublas.cpp). No MLX here: the MLX glue (w4a16_matmul.cpp) and the standalone harness
+// (kernel_harness.cu) both launch through these functions. Kernels are returned as CUfunction
+// (cudaGetFuncBySymbol), because MLX's graph nodes reject the runtime handles of another cudart.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../shared/w4a16_problem.h"
+
+namespace mlx_fp4 {
+namespace cuda {
+
+// Everything a kernel reads, passed by value (about 300 bytes of kernel parameters).
+struct W4A16Args {
+  const void* x;                 // [M, K] in p.x_dtype
+  const uint8_t* w;              // [N, w_row_bytes]
+  const uint8_t* scales;         // [N, scale_row_bytes] E4M3 bytes
+  const float* global_scale;     // device scalar, or null
+  const void* operands[fp4::kMaxEpilogueOperands];
+  void* out;                     // [M, N] in p.out_dtype
+  fp4::W4A16Problem p;
+};
+
+// The dequantize + dense GEMM path writes fp32 products here first when it cannot write `out`
+// directly, then the epilogue kernel reads them.
+struct EpilogueArgs {
+  const float* acc;  // [M, N] fp32, global scale already applied when `scaled` is 1
+  int scaled;
+  W4A16Args a;
+};
+
+struct DequantArgs {
+  const uint8_t* w;
+  const uint8_t* scales;
+  void* out;  // [N, K] in out_dtype, exact decode (no global scale)
+  int64_t n, k, w_row_bytes, scale_row_bytes;
+  int out_dtype;  // fp4::OperandDtype
+};
+
+struct Launch {
+  CUfunction func = nullptr;
+  dim3 grid;
+  dim3 block;
+  unsigned smem = 0;
+};
+
+enum class Path : int { kSimt = 0, kTensorCore = 1, kDequantGemm = 2 };
+
+// Tensor-core kernel configuration: x-row tiles of 8 per block (mt), weight-row tiles of 16 per
+// warp (rt), warps per block splitting K (kw).
+struct TcConfig {
+  int mt = 1, rt = 1, kw = 8;
+};
+
+struct DeviceInfo {
+  int sm_count = 132;
+  int cc_major = 9;
+  int cc_minor = 0;
+};
+
+struct Plan {
+  Path path = Path::kSimt;
+  TcConfig tc;
+  bool vec = false;  // 16-byte loads allowed (alignment and K % 8 checked)
+};
+
+// True when 16-byte loads of w rows and x rows are aligned for this problem and these pointers.
+bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w);
+
+// Kernel choice for a problem. `path_override` / `tc_override` come from the environment
+// (MLX_FP4_CUDA_PATH = simt | tc | dequant, MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
+Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, const char* path_override,
+                const char* tc_override);
+
+// Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
+Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec);
+Launch simt_launch(const fp4::W4A16Problem& p, bool vec);
+Launch dequant_launch(const DequantArgs& d, bool vec);
+Launch epilogue_launch(const fp4::W4A16Problem& p);
+
+// Dense GEMM on the dequantized weight through cuBLASLt (w4a16_cublas.cpp):
+// c[M, N] = alpha * x[M, K] @ wd[N, K]^T, x and wd in `ab_dtype`, c in `c_dtype`, fp32 compute.
+// alpha: device pointer (global scale) or null for 1. `workspace` may be null.
+// Returns false with a message in `err` (256 chars) on failure.
+bool cublas_gemm(void* handle, cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* x,
+                 const void* wd, int ab_dtype, void* c, int c_dtype, const float* alpha_device,
+                 void* workspace, size_t workspace_bytes, char* err);
+// One cuBLASLt handle per device, created on first use; calls that set up a stream capture around
+// cublas_gemm hold cublas_lock() so that captures of two threads do not interleave.
+void* cublas_handle(int device, char* err);
+void cublas_lock();
+void cublas_unlock();
+// Device pointers to constants 0.0f and 1.0f (for cuBLAS device pointer mode).
+const float* device_constant_zero();
+const float* device_constant_one();
+
+}  // namespace cuda
+}  // namespace mlx_fp4

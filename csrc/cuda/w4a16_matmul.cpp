@@ -1,0 +1,187 @@
+// W4A16Matmul::eval_gpu for MLX's CUDA backend: binds MLX buffers, allocates the output in device
+// memory, and adds the kernels of w4a16_matmul.cu to MLX's CUDA graph as CUfunction nodes.
+// Paths (plan_w4a16): tensor-core kernel, SIMT kernel, or dequantize + cuBLAS (+ epilogue kernel).
+// Compiled by the C++ compiler (MLX's CUDA headers need fmt, see fmt_shim/), never by nvcc.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "../primitives.h"
+#include "mlx/backend/cuda/device.h"
+#include "mlx/backend/cuda/utils.h"
+#include "w4a16_kernels.h"
+
+namespace mlx_fp4 {
+namespace {
+
+namespace cu = mx::cu;
+using cuda::Launch;
+using cuda::Path;
+
+// cuBLAS workspace per dequantize + GEMM call (its recommendation for Hopper).
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("[W4A16Matmul] CUDA backend: ") + what + " failed: " +
+                             cudaGetErrorString(e));
+  }
+}
+
+// Device memory from the stream-ordered pool (the pool MLX also uses), owned by the array.
+// MLX's allocator::malloc returns managed memory, whose first touch on the GPU migrates pages.
+// If MLX later moves the buffer to unified memory for a host read, it frees the device copy
+// itself and sets device = -1; the deleter then frees the unified copy.
+mx::allocator::Data device_data(size_t bytes, cu::CommandEncoder& enc) {
+  cudaStream_t stream = enc.stream();
+  void* ptr = nullptr;
+  if (bytes > 0) {
+    check_cuda(cudaMallocAsync(&ptr, bytes, stream), "cudaMallocAsync");
+  }
+  auto* buf = new cu::CudaBuffer{ptr, bytes, bytes > 0 ? enc.device().cuda_device() : -1};
+  return mx::allocator::Data(mx::allocator::Buffer(buf), [stream](mx::allocator::Buffer b) {
+    auto* cb = static_cast<cu::CudaBuffer*>(b.ptr());
+    if (cb->data) {
+      if (cb->device >= 0) {
+        cudaFreeAsync(cb->data, stream);
+      } else {
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, cb->data) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
+          cudaFreeHost(cb->data);
+        } else {
+          cudaFree(cb->data);
+        }
+      }
+    }
+    delete cb;
+  });
+}
+
+mx::array device_array(const mx::Shape& shape, mx::Dtype dtype, cu::CommandEncoder& enc) {
+  mx::array a(shape, dtype, nullptr, {});
+  a.set_data(device_data(a.nbytes(), enc));
+  return a;
+}
+
+mx::Dtype dtype_of_code(int code) {
+  return code == fp4::kDtypeF32 ? mx::float32 : code == fp4::kDtypeF16 ? mx::float16 : mx::bfloat16;
+}
+
+cuda::DeviceInfo device_info(int device) {
+  static std::mutex mu;
+  static cuda::DeviceInfo cache[64];
+  static bool have[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 || device >= 64) return {};
+  if (!have[device]) {
+    cuda::DeviceInfo d;
+    check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+    cache[device] = d;
+    have[device] = true;
+  }
+  return cache[device];
+}
+
+const char* env_or_null(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+template <typename Args>
+void add_node(cu::CommandEncoder& enc, const Launch& l, Args& args) {
+  enc.add_kernel_node_ex(l.func, l.grid, l.block, {}, l.smem, args);
+}
+
+}  // namespace
+
+void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  auto& enc = cu::get_command_encoder(stream());
+  out.set_data(device_data(out.nbytes(), enc));
+  const fp4::W4A16Problem p = problem(inputs, out);
+  if (p.m == 0 || p.n == 0) {
+    return;
+  }
+
+  cuda::W4A16Args a{};
+  a.x = mx::gpu_ptr<void>(inputs[kInputX]);
+  a.w = mx::gpu_ptr<uint8_t>(inputs[kInputW]);
+  a.scales = mx::gpu_ptr<uint8_t>(inputs[kInputScales]);
+  a.global_scale = has_global_scale() ? mx::gpu_ptr<float>(inputs[kInputFirstOptional]) : nullptr;
+  for (int i = 0; i < p.num_operands; ++i) {
+    a.operands[i] = mx::gpu_ptr<void>(inputs[operand_input_index(i)]);
+  }
+  a.out = mx::gpu_ptr<void>(out);
+  a.p = p;
+
+  const int device = enc.device().cuda_device();
+  static const char* path_env = env_or_null("MLX_FP4_CUDA_PATH");
+  static const char* tc_env = env_or_null("MLX_FP4_CUDA_TC");
+  const bool vec = cuda::vector_loads_ok(p, a.x, a.w);
+  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, path_env, tc_env);
+
+  if (plan.path == Path::kTensorCore || plan.path == Path::kSimt) {
+    for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    const Launch l = plan.path == Path::kTensorCore ? cuda::tc_launch(p, plan.tc, vec) : cuda::simt_launch(p, vec);
+    add_node(enc, l, a);
+    return;
+  }
+
+  // Large M: exact decode of W into x's dtype, dense GEMM in cuBLAS with fp32 accumulation.
+  const auto& x = inputs[kInputX];
+  mx::array wd = device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
+  cuda::DequantArgs d{a.w, a.scales, mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype};
+  const bool dq_vec = vec && reinterpret_cast<uintptr_t>(d.out) % 16 == 0;
+  enc.set_input_array(inputs[kInputW]);
+  enc.set_input_array(inputs[kInputScales]);
+  enc.set_output_array(wd);
+  add_node(enc, cuda::dequant_launch(d, dq_vec), d);
+
+  // cuBLAS writes the output itself when no epilogue op is left and it can cast to out's dtype.
+  const bool direct = p.num_ops == 0 && (p.out_dtype == p.x_dtype || p.out_dtype == fp4::kDtypeF32);
+  mx::array acc = direct ? out : device_array({static_cast<int>(p.m), static_cast<int>(p.n)}, mx::float32, enc);
+  mx::array ws = device_array({static_cast<int>(kCublasWorkspaceBytes)}, mx::uint8, enc);
+  enc.set_input_array(wd);
+  enc.set_input_array(x);
+  if (has_global_scale()) enc.set_input_array(inputs[kInputFirstOptional]);
+  enc.set_output_array(acc);
+  char err[256] = {0};
+  bool ok = false;
+  {
+    void* handle = cuda::cublas_handle(device, err);
+    if (handle) {
+      cuda::cublas_lock();
+      auto capture = enc.capture_context();
+      ok = cuda::cublas_gemm(handle, enc.stream(), p.m, p.n, p.k, a.x, d.out, p.x_dtype, mx::gpu_ptr<void>(acc),
+                             direct ? p.out_dtype : fp4::kDtypeF32, a.global_scale, mx::gpu_ptr<void>(ws),
+                             kCublasWorkspaceBytes, err);
+      capture.discard = !ok;
+      cuda::cublas_unlock();
+    }
+  }
+  if (!ok) {
+    throw std::runtime_error(std::string("[W4A16Matmul] CUDA backend: ") + err);
+  }
+  enc.add_temporary(wd);
+  enc.add_temporary(ws);
+  if (!direct) {
+    cuda::EpilogueArgs e{};
+    e.acc = mx::gpu_ptr<float>(acc);
+    e.scaled = 1;
+    e.a = a;
+    enc.set_input_array(acc);
+    for (int i = 0; i < p.num_operands; ++i) enc.set_input_array(inputs[operand_input_index(i)]);
+    enc.set_output_array(out);
+    add_node(enc, cuda::epilogue_launch(p), e);
+    enc.add_temporary(acc);
+  }
+}
+
+}  // namespace mlx_fp4

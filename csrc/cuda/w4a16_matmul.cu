@@ -1,0 +1,749 @@
+// CUDA kernels of W4A16 matmul: y[M, N] = epilogue(gs * (x[M, K] @ dequantize(w, scales)[N, K]^T)).
+// w is NVFP4: [N, w_row_bytes] packed E2M1 (low nibble = even k), scales [N, ceil(K/16)] E4M3 bytes.
+// Three kernels, chosen by plan_w4a16 (bottom of this file):
+//  - tc:      tensor cores (mma.sync m16n8k16, bf16 or fp16) for bf16/fp16 x; W is the 16-row A
+//             operand decoded in registers, x the 8-column B operand; 16-byte streaming loads;
+//             the warps of a block split K and reduce through shared memory; fused epilogue.
+//  - simt:    fp32 FMA, one warp per weight row; float32 x and any shape.
+//  - dequant: exact decode of W to a transient 16/32-bit buffer for the cuBLAS GEMM (large M),
+//             followed by the epilogue kernel when cuBLAS cannot write the output directly.
+// No MLX header here (nvcc rejects MLX's fmt-based headers); w4a16_matmul.cpp does the MLX glue.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "../shared/tiling_cuda.h"
+#include "w4a16_kernels.h"
+
+namespace mlx_fp4 {
+namespace cuda {
+namespace {
+
+using namespace fp4::cuda_tiling;
+
+// ------------------------------------------------------------------------------------------
+// Element access
+
+__device__ __forceinline__ float load_as_float(const void* base, int dtype, int64_t i) {
+  if (dtype == fp4::kDtypeF32) return static_cast<const float*>(base)[i];
+  if (dtype == fp4::kDtypeF16) return __half2float(static_cast<const __half*>(base)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+}
+
+__device__ __forceinline__ void store_from_float(void* base, int dtype, int64_t i, float v) {
+  if (dtype == fp4::kDtypeF32) {
+    static_cast<float*>(base)[i] = v;
+  } else if (dtype == fp4::kDtypeF16) {
+    static_cast<__half*>(base)[i] = __float2half_rn(v);
+  } else {
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Global scale (once, in fp32), then the epilogue chain, in the order given.
+__device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t row, int64_t col, float gs) {
+  float v = acc * gs;
+  for (int i = 0; i < a.p.num_ops; ++i) {
+    const fp4::EpilogueOp op = a.p.ops[i];
+    float operand = 0.0f;
+    if (op.operand >= 0) {
+      const int kind = a.p.operand_kind[op.operand];
+      operand = load_as_float(a.operands[op.operand], a.p.operand_dtype[op.operand],
+                              fp4::operand_offset(kind, row, col, a.p.n));
+    }
+    v = fp4::epilogue_apply(op.code, v, operand, op.p0, op.p1);
+  }
+  return v;
+}
+
+__device__ __forceinline__ float global_scale_of(const W4A16Args& a) {
+  return a.p.has_global_scale ? *a.global_scale : 1.0f;
+}
+
+// Weights are read once: keep them out of L1 (x lives there).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_cached16(const void* p) {
+  return __ldg(static_cast<const uint4*>(p));
+}
+
+// ------------------------------------------------------------------------------------------
+// FP4 -> 16-bit float pairs in registers.
+//
+// A 32-bit word holds 8 nibbles (k offsets 0..7). fp4_pair<T, i> builds the register pair
+// (value at k offset i, value at k offset i + 4) by moving the 3 magnitude bits of each nibble
+// to the low exponent / high mantissa bits of a bf16 (bits 6..8) or fp16 (bits 9..11) and the
+// sign to bit 15. That gives value * 2^-126 (bf16) or value * 2^-14 (fp16), subnormals included.
+// One multiply by the block scale pre-multiplied by 2^119 (bf16) or 2^7 (fp16) then gives
+// value * scale * 2^-7 exactly (at most 6 significant bits, normal or exact subnormal range); the
+// fp32 accumulator is multiplied by 2^7 at the end. The B operand (x) is permuted the same way.
+
+template <int kShift>
+__device__ __forceinline__ uint32_t shift_signed(uint32_t w) {
+  if constexpr (kShift >= 0) {
+    return w << kShift;
+  } else {
+    return w >> (-kShift);
+  }
+}
+
+template <typename T>
+struct Mma16;
+
+template <>
+struct Mma16<__nv_bfloat16> {
+  static constexpr int kMagShift = 6;
+  __device__ static __forceinline__ uint32_t scale_pair(float s) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(s * 0x1p119f);
+    const uint32_t u = __bfloat16_as_ushort(b);
+    return u | (u << 16);
+  }
+  // a * b + (-0): exact product, sign of zero kept.
+  __device__ static __forceinline__ uint32_t mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+  }
+  __device__ static __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Mma16<__half> {
+  static constexpr int kMagShift = 9;
+  __device__ static __forceinline__ uint32_t scale_pair(float s) {
+    const __half h = __float2half_rn(s * 128.0f);
+    const uint32_t u = __half_as_ushort(h);
+    return u | (u << 16);
+  }
+  __device__ static __forceinline__ uint32_t mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  __device__ static __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+template <typename T, int kNib>
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
+  constexpr int kS = Mma16<T>::kMagShift;
+  constexpr uint32_t kMagMask = (0x7u << kS) * 0x00010001u;
+  return (shift_signed<kS - 4 * kNib>(w) & kMagMask) | (shift_signed<12 - 4 * kNib>(w) & 0x80008000u);
+}
+
+// Accumulator correction for the 2^-7 folded into the decoded weights.
+constexpr float kTcAccScale = 128.0f;
+
+// ------------------------------------------------------------------------------------------
+// Tensor-core kernel.
+//
+// Block = kw warps on one tile of 16*RT weight rows and 8*MT x rows; warp w takes a contiguous
+// range of 128-wide K steps. In a step, lane (g = lane/4, t = lane%4) loads 16 bytes (32 values)
+// of weight rows g and g+8 at k = step*128 + 32t, and x rows g (+8j) at the same k. Each of the
+// 4 words makes two mma k-slices. Rows past N or M are clamped to the last row: their loads stay
+// in bounds and their results are never stored. The last, partial step uses guarded loads.
+
+template <typename T, int MT, int RT>
+struct TcFrag {
+  uint32_t w[RT][2][4];  // [row tile][row g / g+8][word]
+  uint32_t sc[RT][2];    // two scale bytes (blocks of 16) per row, packed in the low 16 bits
+};
+
+template <typename T, int MT, int RT, bool kVec>
+__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const W4A16Args a) {
+  using Mma = Mma16<T>;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t M = a.p.m, N = a.p.n, K = a.p.k;
+  const int64_t wrb = a.p.w_row_bytes, srb = a.p.scale_row_bytes;
+  const int64_t kbytes = (K + 1) / 2;
+  const int64_t m_base = int64_t(blockIdx.x) * (kMmaCols * MT);
+  const int64_t n_base = int64_t(blockIdx.y) * (kMmaRows * RT);
+
+  const uint8_t* wrow[RT][2];
+  const uint8_t* srow[RT][2];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int64_t n = n_base + rt * kMmaRows + g + 8 * h;
+      n = n < N ? n : N - 1;
+      wrow[rt][h] = a.w + n * wrb;
+      srow[rt][h] = a.scales + n * srb;
+    }
+  }
+  const T* xrow[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    int64_t m = m_base + j * kMmaCols + g;
+    m = m < M ? m : M - 1;
+    xrow[j] = static_cast<const T*>(a.x) + m * K;
+  }
+
+  const int64_t nsteps = (K + kStepK - 1) / kStepK;
+  const int64_t per = (nsteps + nwarps - 1) / nwarps;
+  const int64_t s_begin = int64_t(warp) * per;
+  const int64_t s_end = (s_begin + per < nsteps) ? s_begin + per : nsteps;
+
+  float acc[RT][MT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[rt][j][c] = 0.0f;
+
+  auto load_frag = [&](int64_t s, TcFrag<T, MT, RT>& f) {
+    const int64_t kb = s * kStepK + t * kLaneK;  // first k of this lane
+    const int64_t b0 = kb / 2;                   // first byte
+    const int64_t blk0 = kb / fp4::kBlockSize;   // first scale block
+    const bool full = kVec && (s * kStepK + kStepK <= K);
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (full) {
+          const uint4 v = load_stream16(wrow[rt][h] + b0);
+          f.w[rt][h][0] = v.x;
+          f.w[rt][h][1] = v.y;
+          f.w[rt][h][2] = v.z;
+          f.w[rt][h][3] = v.w;
+          const uint32_t s0 = __ldg(srow[rt][h] + blk0);
+          const uint32_t s1 = __ldg(srow[rt][h] + blk0 + 1);
+          f.sc[rt][h] = s0 | (s1 << 8);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int64_t b = b0 + 4 * q + i;
+              const uint32_t byte = b < kbytes ? uint32_t(__ldg(wrow[rt][h] + b)) : 0u;
+              word |= byte << (8 * i);
+            }
+            f.w[rt][h][q] = word;
+          }
+          const uint32_t s0 = blk0 < srb ? uint32_t(__ldg(srow[rt][h] + blk0)) : 0u;
+          const uint32_t s1 = blk0 + 1 < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + 1)) : 0u;
+          f.sc[rt][h] = s0 | (s1 << 8);
+        }
+      }
+    }
+  };
+
+  auto compute = [&](int64_t s, const TcFrag<T, MT, RT>& f) {
+    const int64_t kb = s * kStepK + t * kLaneK;
+    const bool full = kVec && (s * kStepK + kStepK <= K);
+    uint32_t sp[RT][2][2];  // bf16x2 / f16x2 block scales [row tile][row][block]
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+          sp[rt][h][b] = Mma::scale_pair(fp4::e4m3_to_float((f.sc[rt][h] >> (8 * b)) & 0xFFu));
+
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t bx[MT][2][2];  // [x tile][k-slice][register]
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        uint4 X;
+        if (full) {
+          X = load_cached16(xrow[j] + kb + 8 * q);
+        } else {
+          uint32_t r[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t k0 = kb + 8 * q + 2 * e;
+            const uint16_t* xp = reinterpret_cast<const uint16_t*>(xrow[j]);
+            const uint32_t lo = k0 < K ? uint32_t(xp[k0]) : 0u;
+            const uint32_t hi = k0 + 1 < K ? uint32_t(xp[k0 + 1]) : 0u;
+            r[e] = lo | (hi << 16);
+          }
+          X = make_uint4(r[0], r[1], r[2], r[3]);
+        }
+        // (x0, x4), (x1, x5) | (x2, x6), (x3, x7): the pairs fp4_pair<0..3> produce.
+        bx[j][0][0] = __byte_perm(X.x, X.z, 0x5410);
+        bx[j][0][1] = __byte_perm(X.x, X.z, 0x7632);
+        bx[j][1][0] = __byte_perm(X.y, X.w, 0x5410);
+        bx[j][1][1] = __byte_perm(X.y, X.w, 0x7632);
+      }
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const uint32_t w0 = f.w[rt][0][q];
+        const uint32_t w1 = f.w[rt][1][q];
+        const uint32_t s0 = sp[rt][0][q >> 1];
+        const uint32_t s1 = sp[rt][1][q >> 1];
+        {
+          const uint32_t a0 = Mma::mul(fp4_pair<T, 0>(w0), s0);
+          const uint32_t a1 = Mma::mul(fp4_pair<T, 0>(w1), s1);
+          const uint32_t a2 = Mma::mul(fp4_pair<T, 1>(w0), s0);
+          const uint32_t a3 = Mma::mul(fp4_pair<T, 1>(w1), s1);
+#pragma unroll
+          for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][0][0], bx[j][0][1]);
+        }
+        {
+          const uint32_t a0 = Mma::mul(fp4_pair<T, 2>(w0), s0);
+          const uint32_t a1 = Mma::mul(fp4_pair<T, 2>(w1), s1);
+          const uint32_t a2 = Mma::mul(fp4_pair<T, 3>(w0), s0);
+          const uint32_t a3 = Mma::mul(fp4_pair<T, 3>(w1), s1);
+#pragma unroll
+          for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][1][0], bx[j][1][1]);
+        }
+      }
+    }
+  };
+
+  if (s_begin < s_end) {
+    TcFrag<T, MT, RT> cur;
+    load_frag(s_begin, cur);
+    for (int64_t s = s_begin; s < s_end; ++s) {
+      TcFrag<T, MT, RT> nxt;
+      if (s + 1 < s_end) {
+        load_frag(s + 1, nxt);
+      }
+      compute(s, cur);
+      cur = nxt;
+    }
+  }
+
+  // Cross-warp reduction in a fixed order (deterministic), then the epilogue.
+  constexpr int kSlots = RT * MT * 4;
+  __shared__ float red[kMaxWarpsPerBlock * kSlots * 32];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[(warp * kSlots + (rt * MT + j) * 4 + c) * 32 + lane] = acc[rt][j][c];
+  __syncthreads();
+  const float gs = global_scale_of(a);
+  for (int idx = threadIdx.x; idx < kSlots * 32; idx += blockDim.x) {
+    const int slot = idx >> 5;
+    const int ln = idx & 31;
+    float sum = 0.0f;
+    for (int w = 0; w < nwarps; ++w) sum += red[(w * kSlots + slot) * 32 + ln];
+    const int c = slot & 3;
+    const int j = (slot >> 2) % MT;
+    const int rt = (slot >> 2) / MT;
+    const int64_t n = n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0);
+    const int64_t m = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
+    if (n < N && m < M) {
+      store_from_float(a.out, a.p.out_dtype, m * N + n, finish(a, sum * kTcAccScale, m, n, gs));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// SIMT kernel: one warp per weight row n and kSimtRows rows of x per pass; fp32 FMA.
+// kVec: lanes take 16-byte chunks (32 values); else single bytes. Exact decode through the shared
+// format functions.
+
+template <typename XT, bool kVec>
+__global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16Args a) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t M = a.p.m, N = a.p.n, K = a.p.k;
+  const int64_t n = int64_t(blockIdx.x) * kSimtWarps + warp;
+  if (n >= N) return;
+  const uint8_t* wrow = a.w + n * a.p.w_row_bytes;
+  const uint8_t* srow = a.scales + n * a.p.scale_row_bytes;
+  const int64_t srb = a.p.scale_row_bytes;
+  const int64_t kbytes = (K + 1) / 2;
+  const XT* x = static_cast<const XT*>(a.x);
+  const float gs = global_scale_of(a);
+
+  for (int64_t m0 = int64_t(blockIdx.y) * kSimtRows; m0 < M; m0 += int64_t(gridDim.y) * kSimtRows) {
+    const XT* xr[kSimtRows];
+#pragma unroll
+    for (int r = 0; r < kSimtRows; ++r) {
+      const int64_t m = m0 + r < M ? m0 + r : M - 1;
+      xr[r] = x + m * K;
+    }
+    float acc[kSimtRows];
+#pragma unroll
+    for (int r = 0; r < kSimtRows; ++r) acc[r] = 0.0f;
+
+    if constexpr (kVec) {
+      const int64_t nchunks = (K + 31) / 32;
+      for (int64_t c = lane; c < nchunks; c += 32) {
+        const int64_t k0 = c * 32;
+        const bool full = k0 + 32 <= K;
+        uint32_t wv[4];
+        if (full) {
+          const uint4 v = load_stream16(wrow + c * 16);
+          wv[0] = v.x;
+          wv[1] = v.y;
+          wv[2] = v.z;
+          wv[3] = v.w;
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int64_t b = c * 16 + 4 * q + i;
+              word |= (b < kbytes ? uint32_t(wrow[b]) : 0u) << (8 * i);
+            }
+            wv[q] = word;
+          }
+        }
+        const float s0 = fp4::e4m3_to_float(srow[2 * c]);
+        const float s1 = 2 * c + 1 < srb ? fp4::e4m3_to_float(srow[2 * c + 1]) : 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float sc = q < 2 ? s0 : s1;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int64_t k = k0 + 8 * q + i;
+            if (!full && k >= K) continue;
+            const float wvf = fp4::e2m1_to_float((wv[q] >> (4 * i)) & 0xFu) * sc;
+#pragma unroll
+            for (int r = 0; r < kSimtRows; ++r) acc[r] = fmaf(wvf, to_float(xr[r][k]), acc[r]);
+          }
+        }
+      }
+    } else {
+      for (int64_t b = lane; b < kbytes; b += 32) {
+        const uint32_t byte = wrow[b];
+        const float sc = fp4::e4m3_to_float(srow[b / 8]);
+        const int64_t k = 2 * b;
+        const float lo = fp4::e2m1_to_float(byte & 0xFu) * sc;
+#pragma unroll
+        for (int r = 0; r < kSimtRows; ++r) acc[r] = fmaf(lo, to_float(xr[r][k]), acc[r]);
+        if (k + 1 < K) {
+          const float hi = fp4::e2m1_to_float(byte >> 4) * sc;
+#pragma unroll
+          for (int r = 0; r < kSimtRows; ++r) acc[r] = fmaf(hi, to_float(xr[r][k + 1]), acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kSimtRows; ++r) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kSimtRows; ++r) {
+        const int64_t m = m0 + r;
+        if (m < M) store_from_float(a.out, a.p.out_dtype, m * N + n, finish(a, acc[r], m, n, gs));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Dequantize W to [N, K] in OT (exact: at most 6 significant bits, in range for bf16/fp16/fp32).
+
+template <typename OT>
+__device__ __forceinline__ OT from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <typename OT, bool kVec>
+__global__ void __launch_bounds__(kElementwiseThreads) w4a16_dequant_kernel(const DequantArgs d) {
+  const int64_t K = d.k;
+  const int64_t kbytes = (K + 1) / 2;
+  OT* out = static_cast<OT*>(d.out);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  if constexpr (kVec) {
+    const int64_t cpr = (K + 31) / 32;  // 16-byte chunks per row
+    const int64_t total = d.n * cpr;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+      const int64_t n = idx / cpr;
+      const int64_t c = idx - n * cpr;
+      const uint8_t* wrow = d.w + n * d.w_row_bytes;
+      const uint8_t* srow = d.scales + n * d.scale_row_bytes;
+      const int64_t k0 = c * 32;
+      const bool full = k0 + 32 <= K;
+      uint32_t wv[4];
+      if (full) {
+        const uint4 v = load_stream16(wrow + c * 16);
+        wv[0] = v.x;
+        wv[1] = v.y;
+        wv[2] = v.z;
+        wv[3] = v.w;
+      } else {
+        for (int q = 0; q < 4; ++q) {
+          uint32_t word = 0;
+          for (int i = 0; i < 4; ++i) {
+            const int64_t b = c * 16 + 4 * q + i;
+            word |= (b < kbytes ? uint32_t(wrow[b]) : 0u) << (8 * i);
+          }
+          wv[q] = word;
+        }
+      }
+      const float s0 = fp4::e4m3_to_float(srow[2 * c]);
+      const float s1 = 2 * c + 1 < d.scale_row_bytes ? fp4::e4m3_to_float(srow[2 * c + 1]) : 0.0f;
+      OT vals[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const float sc = i < 16 ? s0 : s1;
+        vals[i] = from_float<OT>(fp4::e2m1_to_float((wv[i / 8] >> (4 * (i % 8))) & 0xFu) * sc);
+      }
+      OT* dst = out + n * K + k0;
+      if (full) {
+        constexpr int kPerVec = 16 / sizeof(OT);
+#pragma unroll
+        for (int v = 0; v < 32 / kPerVec; ++v) {
+          reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(&vals[v * kPerVec]);
+        }
+      } else {
+        for (int i = 0; i < 32 && k0 + i < K; ++i) dst[i] = vals[i];
+      }
+    }
+  } else {
+    const int64_t total = d.n * kbytes;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+      const int64_t n = idx / kbytes;
+      const int64_t b = idx - n * kbytes;
+      const uint32_t byte = d.w[n * d.w_row_bytes + b];
+      const float sc = fp4::e4m3_to_float(d.scales[n * d.scale_row_bytes + b / 8]);
+      const int64_t k = 2 * b;
+      out[n * K + k] = from_float<OT>(fp4::e2m1_to_float(byte & 0xFu) * sc);
+      if (k + 1 < K) out[n * K + k + 1] = from_float<OT>(fp4::e2m1_to_float(byte >> 4) * sc);
+    }
+  }
+}
+
+// fp32 products [M, N] (from cuBLAS) -> global scale (unless applied) -> epilogue -> out dtype.
+__global__ void __launch_bounds__(kElementwiseThreads) w4a16_epilogue_kernel(const EpilogueArgs e) {
+  const int64_t total = e.a.p.m * e.a.p.n;
+  const float gs = e.scaled ? 1.0f : global_scale_of(e.a);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t row = idx / e.a.p.n;
+    const int64_t col = idx - row * e.a.p.n;
+    store_from_float(e.a.out, e.a.p.out_dtype, idx, finish(e.a, e.acc[idx], row, col, gs));
+  }
+}
+
+__device__ float g_const_zero = 0.0f;
+__device__ float g_const_one = 1.0f;
+
+// ------------------------------------------------------------------------------------------
+// Host side
+
+void throw_cuda(cudaError_t e, const char* what) {
+  throw std::runtime_error(std::string("[W4A16Matmul] CUDA backend: ") + what + " failed: " +
+                           cudaGetErrorString(e));
+}
+
+template <typename Kernel>
+CUfunction func_of(Kernel kernel) {
+  cudaFunction_t f = nullptr;
+  const cudaError_t e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(kernel));
+  if (e != cudaSuccess) throw_cuda(e, "cudaGetFuncBySymbol");
+  return reinterpret_cast<CUfunction>(f);
+}
+
+template <typename T, int MT, int RT>
+CUfunction tc_func_rt(bool vec) {
+  if (vec) return func_of(w4a16_tc_kernel<T, MT, RT, true>);
+  return func_of(w4a16_tc_kernel<T, MT, 1, false>);  // guarded loads: one variant per MT is enough
+}
+
+template <typename T>
+CUfunction tc_func_t(int mt, int rt, bool vec) {
+  switch (mt) {
+    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : tc_func_rt<T, 1, 2>(vec);
+    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : tc_func_rt<T, 2, 2>(vec);
+    case 4: return rt == 1 ? tc_func_rt<T, 4, 1>(vec) : tc_func_rt<T, 4, 2>(vec);
+    default: return tc_func_rt<T, 8, 1>(vec);
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+unsigned grid_for_elements(int64_t items) {
+  int64_t blocks = ceil_div(items, kElementwiseThreads);
+  const int64_t cap = 65535LL * 16;  // grid-stride loops cover the rest
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks);
+}
+
+bool parse_tc(const char* s, TcConfig& cfg) {
+  int mt = 0, rt = 0, kw = 0;
+  if (!s || std::sscanf(s, "%d,%d,%d", &mt, &rt, &kw) != 3) return false;
+  if (mt != 1 && mt != 2 && mt != 4 && mt != 8) return false;
+  if (rt != 1 && rt != 2) return false;
+  if (mt * rt > 8 || kw < 1 || kw > kMaxWarpsPerBlock) return false;
+  cfg = TcConfig{mt, rt, kw};
+  return true;
+}
+
+}  // namespace
+
+bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w) {
+  return p.k % 8 == 0 && p.w_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+// Dispatch. Crossovers measured on an H200 (docs/cuda.md): tensor-core kernel up to
+// kTcMaxM rows of x, then dequantize + cuBLAS; float32 x uses the SIMT kernel while M is small.
+namespace {
+constexpr int64_t kTcMaxM = 256;
+constexpr int64_t kSimtMaxM = 32;
+
+TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
+  TcConfig c;
+  const int64_t m = p.m;
+  c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+  c.rt = (c.mt <= 4 && p.n >= 16 * 2 * dev.sm_count) ? 2 : 1;
+  const int64_t blocks = ceil_div(p.m, 8 * c.mt) * ceil_div(p.n, 16 * c.rt);
+  const int64_t nsteps = ceil_div(p.k, kStepK);
+  const int64_t want_warps = int64_t(dev.sm_count) * 32;
+  int kw = 1;
+  while (kw < kMaxWarpsPerBlock && blocks * kw < want_warps && nsteps >= 4 * kw) kw *= 2;
+  c.kw = kw;
+  return c;
+}
+}  // namespace
+
+Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, const char* path_override,
+                const char* tc_override) {
+  Plan plan;
+  plan.vec = vec;
+  const bool half_x = p.x_dtype == fp4::kDtypeBF16 || p.x_dtype == fp4::kDtypeF16;
+  if (half_x) {
+    plan.path = p.m <= kTcMaxM ? Path::kTensorCore : Path::kDequantGemm;
+  } else {
+    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
+  }
+  if (path_override && *path_override) {
+    if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
+    if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;
+    if (!std::strcmp(path_override, "tc") && half_x) plan.path = Path::kTensorCore;
+  }
+  plan.tc = auto_tc_config(p, dev);
+  TcConfig forced;
+  if (parse_tc(tc_override, forced)) plan.tc = forced;
+  return plan;
+}
+
+Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec) {
+  Launch l;
+  const int rt = vec ? cfg.rt : 1;
+  l.func = p.x_dtype == fp4::kDtypeF16 ? tc_func_t<__half>(cfg.mt, rt, vec)
+                                       : tc_func_t<__nv_bfloat16>(cfg.mt, rt, vec);
+  const int64_t gx = ceil_div(p.m, kMmaCols * cfg.mt);
+  const int64_t gy = ceil_div(p.n, kMmaRows * rt);
+  if (gy > 65535 || gx > 0x7FFFFFFF) {
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: N too large for the tensor-core grid");
+  }
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
+  l.block = dim3(32 * cfg.kw, 1, 1);
+  l.smem = 0;
+  return l;
+}
+
+Launch simt_launch(const fp4::W4A16Problem& p, bool vec) {
+  Launch l;
+  switch (p.x_dtype) {
+    case fp4::kDtypeF32:
+      l.func = vec ? func_of(w4a16_simt_kernel<float, true>) : func_of(w4a16_simt_kernel<float, false>);
+      break;
+    case fp4::kDtypeF16:
+      l.func = vec ? func_of(w4a16_simt_kernel<__half, true>) : func_of(w4a16_simt_kernel<__half, false>);
+      break;
+    default:
+      l.func = vec ? func_of(w4a16_simt_kernel<__nv_bfloat16, true>)
+                   : func_of(w4a16_simt_kernel<__nv_bfloat16, false>);
+      break;
+  }
+  const int64_t gx = ceil_div(p.n, kSimtWarps);
+  int64_t gy = ceil_div(p.m, kSimtRows);
+  if (gy > 65535) gy = 65535;  // the kernel loops over the remaining rows of x
+  if (gx > 0x7FFFFFFF) throw std::runtime_error("[W4A16Matmul] CUDA backend: N too large");
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
+  l.block = dim3(kSimtWarps * 32, 1, 1);
+  return l;
+}
+
+Launch dequant_launch(const DequantArgs& d, bool vec) {
+  Launch l;
+  switch (d.out_dtype) {
+    case fp4::kDtypeF32:
+      l.func = vec ? func_of(w4a16_dequant_kernel<float, true>) : func_of(w4a16_dequant_kernel<float, false>);
+      break;
+    case fp4::kDtypeF16:
+      l.func = vec ? func_of(w4a16_dequant_kernel<__half, true>) : func_of(w4a16_dequant_kernel<__half, false>);
+      break;
+    default:
+      l.func = vec ? func_of(w4a16_dequant_kernel<__nv_bfloat16, true>)
+                   : func_of(w4a16_dequant_kernel<__nv_bfloat16, false>);
+      break;
+  }
+  const int64_t items = vec ? d.n * ceil_div(d.k, 32) : d.n * ceil_div(d.k, 2);
+  l.grid = dim3(grid_for_elements(items), 1, 1);
+  l.block = dim3(kElementwiseThreads, 1, 1);
+  return l;
+}
+
+Launch epilogue_launch(const fp4::W4A16Problem& p) {
+  Launch l;
+  l.func = func_of(w4a16_epilogue_kernel);
+  l.grid = dim3(grid_for_elements(p.m * p.n), 1, 1);
+  l.block = dim3(kElementwiseThreads, 1, 1);
+  return l;
+}
+
+const float* device_constant_zero() {
+  void* ptr = nullptr;
+  const cudaError_t e = cudaGetSymbolAddress(&ptr, g_const_zero);
+  if (e != cudaSuccess) throw_cuda(e, "cudaGetSymbolAddress");
+  return static_cast<const float*>(ptr);
+}
+
+const float* device_constant_one() {
+  void* ptr = nullptr;
+  const cudaError_t e = cudaGetSymbolAddress(&ptr, g_const_one);
+  if (e != cudaSuccess) throw_cuda(e, "cudaGetSymbolAddress");
+  return static_cast<const float*>(ptr);
+}
+
+}  // namespace cuda
+}  // namespace mlx_fp4

@@ -1,0 +1,28 @@
+// Tile and launch constants of the CUDA kernels (csrc/cuda/w4a16_matmul.cu), in one place so that
+// the kernels, the host-side dispatch and the standalone harness agree. Framework-free.
+#pragma once
+
+namespace fp4 {
+namespace cuda_tiling {
+
+enum : int {
+  // Tensor-core kernel (mma.sync m16n8k16; W is the 16-row A operand, x the 8-column B operand).
+  kMmaRows = 16,            // weight rows per mma (A rows)
+  kMmaCols = 8,             // x rows per mma (B columns)
+  kStepK = 128,             // K per warp iteration: 4 lanes x 32 values (16 bytes) per weight row
+  kLaneK = 32,              // K values one lane decodes per weight row and step
+  kLaneBytes = 16,          // packed weight bytes per lane, row and step (one 16-byte load)
+  kMaxWarpsPerBlock = 8,    // warps of a block split K, then reduce through shared memory
+  kMaxColTiles = 8,         // at most 8 x-row tiles of 8 (64 rows of x) per block
+  kMaxRowTiles = 2,         // at most 2 weight-row tiles of 16 per warp
+
+  // SIMT kernel (float32 x and the generic path): one warp per weight row, 4 x rows per pass.
+  kSimtWarps = 8,
+  kSimtRows = 4,
+
+  // Element-wise kernels (dequantize, epilogue): threads per block.
+  kElementwiseThreads = 256,
+};
+
+}  // namespace cuda_tiling
+}  // namespace fp4

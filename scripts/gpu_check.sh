@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Build mlx_fp4 against MLX's CUDA build on an NVIDIA GPU machine and check it there.
+#
+#   bash scripts/gpu_check.sh [STEP ...]       (run from anywhere; default steps: build harness tests bench)
+#
+# Steps:
+#   build      configure + build the extension with nvcc into build/gpu, copy it into python/mlx_fp4/
+#   harness    build and run csrc/cuda/kernel_harness.cu "check" (every kernel path vs a float64
+#              reference, no MLX involved)
+#   tests      pytest on the GPU only (MLX_FP4_TEST_DEVICES=gpu): the whole w4a16/epilogue suite on
+#              the automatic dispatch, then the matmul tests again with each path forced
+#              (MLX_FP4_CUDA_PATH=tc|simt|dequant); TEST_PATHS="auto tc" limits that list
+#   bench      python -m mlx_fp4.bench --device gpu on 8192x8192, M in {1, 8, 16, 64, 256, 2048, 8192}
+#   kbench     the harness's timing sweep (kernel time per path and tile configuration)
+#   fullbench  python -m mlx_fp4.bench --device gpu (full grid; JSON + PNG + table in $OUT/bench)
+#   sanitizer  compute-sanitizer memcheck over the GPU matmul tests
+#
+# Environment: PY (python with mlx[cuda13]==0.32.4 and nanobind 3.x, default python3),
+# OUT (logs, default ./gpu-check-out), ARCHS (CUDA_ARCHITECTURES; default: this GPU's, e.g. 90-real),
+# CUDNN_ROOT (folder with include/cudnn.h and lib/libcudnn.so.9; default: pip's nvidia-cudnn or the
+# system's). Every step writes $OUT/<step>.log; the exit code is 1 when any step failed.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PY:-python3}"
+OUT="${OUT:-$ROOT/gpu-check-out}"
+mkdir -p "$OUT"
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(build harness tests bench)
+command -v nvcc >/dev/null 2>&1 || export PATH="/usr/local/cuda/bin:$PATH"
+FAILED=()
+
+if [ -z "${ARCHS:-}" ]; then
+  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
+  ARCHS="${cc:-90}-real"
+fi
+SM="${ARCHS%%-*}"
+SM="${SM%%;*}"
+
+find_cudnn() {
+  if [ -n "${CUDNN_ROOT:-}" ]; then echo "$CUDNN_ROOT"; return; fi
+  local d
+  d="$("$PY" -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null)"
+  if [ -n "$d" ] && [ -f "$d/include/cudnn.h" ]; then echo "$d"; return; fi
+  if [ -f /usr/include/cudnn.h ]; then echo "/usr"; return; fi
+  if [ -f /usr/include/x86_64-linux-gnu/cudnn.h ]; then echo "/usr/include/x86_64-linux-gnu/.."; return; fi
+}
+
+step_build() {
+  local cudnn inc lib
+  cudnn="$(find_cudnn)"
+  inc="$cudnn/include"
+  lib="$cudnn/lib"
+  [ -d "$lib" ] || lib="/usr/lib/x86_64-linux-gnu"
+  [ -f "$inc/cudnn.h" ] || inc="$(dirname "$(ls /usr/include/*/cudnn.h /usr/include/cudnn.h 2>/dev/null | head -1)")"
+  echo "cuDNN: include $inc, lib $lib; CUDA archs: $ARCHS"
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PY")" \
+    -DMLX_FP4_CUDA_ARCHS="$ARCHS" -DCUDNN_INCLUDE_PATH="$inc" -DCUDNN_LIBRARY_PATH="$lib" || return 1
+  cmake --build build/gpu -j"$(nproc)" || return 1
+  local so
+  so="$(ls build/gpu/_ext*.so | head -1)"
+  cp "$so" python/mlx_fp4/.ext.tmp && mv -f python/mlx_fp4/.ext.tmp "python/mlx_fp4/$(basename "$so")"
+  cp build/gpu/_build_info.py python/mlx_fp4/_build_info.py
+  grep -q "GPU backend: cuda" build/gpu/CMakeCache.txt 2>/dev/null || true
+  PYTHONPATH=python "$PY" - <<'EOF'
+import mlx.core as mx, mlx_fp4 as f
+assert mx.cuda.is_available(), "mx.cuda.is_available() is False"
+w, s = f.quantize(mx.random.normal((256, 512)))
+x = mx.random.normal((4, 512)).astype(mx.bfloat16)
+y = f.w4a16_matmul(x, w, s, stream=mx.gpu)
+r = f.w4a16_matmul(x, w, s, stream=mx.cpu)
+err = mx.abs(y.astype(mx.float32) - r.astype(mx.float32)).max().item()
+print("smoke: gpu vs cpu max abs diff", err)
+assert err < 0.05 * mx.abs(r.astype(mx.float32)).max().item() + 1e-3
+EOF
+}
+
+build_harness() {
+  [ -x build/gpu/kernel_harness ] && [ build/gpu/kernel_harness -nt csrc/cuda/w4a16_matmul.cu ] && return 0
+  mkdir -p build/gpu
+  # Reuse the kernels object of the extension build when there is one (same source, same flags).
+  local kobj
+  kobj="$(find build/gpu -name 'w4a16_matmul.cu.o' 2>/dev/null | head -1)"
+  [ -n "$kobj" ] && [ "$kobj" -nt csrc/cuda/w4a16_matmul.cu ] || kobj=csrc/cuda/w4a16_matmul.cu
+  # cuBLASLt: the toolkit's, else the nvidia-cublas wheel's (the copy libmlx loads).
+  local lt=(-lcublasLt) nv
+  if [ ! -e /usr/local/cuda/lib64/libcublasLt.so ]; then
+    nv="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)/cu13/lib"
+    [ -e "$nv/libcublasLt.so.13" ] && lt=(-L"$nv" -Xlinker -rpath -Xlinker "$nv" -l:libcublasLt.so.13)
+  fi
+  nvcc -O3 -std=c++17 -arch="sm_$SM" -Icsrc csrc/cuda/kernel_harness.cu "$kobj" csrc/cuda/w4a16_cublas.cpp \
+    "${lt[@]}" -lcuda -o build/gpu/kernel_harness
+}
+
+step_harness() { build_harness && build/gpu/kernel_harness check; }
+step_kbench() { build_harness && build/gpu/kernel_harness bench; }
+
+step_tests() {
+  local rc=0
+  export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu
+  for path in ${TEST_PATHS:-auto tc simt dequant}; do
+    echo "== MLX_FP4_CUDA_PATH=$path"
+    if [ "$path" = auto ]; then
+      "$PY" -m pytest -q -p no:cacheprovider tests/test_w4a16_matmul.py tests/test_epilogue.py \
+        tests/test_transforms.py tests/test_errors.py || rc=1
+    else
+      MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+    fi
+  done
+  return $rc
+}
+
+step_bench() {
+  PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu --no-progress --no-plot --shapes 8192x8192 \
+    --m 1 8 16 64 256 2048 8192 --out "$OUT/bench-quick"
+}
+step_fullbench() { PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu --no-progress --out "$OUT/bench"; }
+
+step_sanitizer() {
+  PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_w4a16_matmul.py
+}
+
+for s in "${STEPS[@]}"; do
+  echo "=== $s" | tee "$OUT/$s.log"
+  start=$(date +%s)
+  if ! "step_$s" >>"$OUT/$s.log" 2>&1; then FAILED+=("$s"); fi
+  echo "=== $s: $(( $(date +%s) - start )) s, $([[ " ${FAILED[*]-} " == *" $s "* ]] && echo FAILED || echo ok)" | tee -a "$OUT/$s.log"
+  tail -n 25 "$OUT/$s.log"
+done
+[ ${#FAILED[@]} -eq 0 ] || { echo "failed steps: ${FAILED[*]}"; exit 1; }
