@@ -35,6 +35,7 @@ struct MetalConfig {
 struct MetalAddresses {
   uint64_t x = 0;
   uint64_t w = 0;
+  uint64_t scales = 0;
   uint64_t out = 0;
 };
 
@@ -221,6 +222,13 @@ inline MetalLaunch metal_plan(
     q.ops[i] = i < p.num_ops ? p.ops[i] : EpilogueOp{0, -1, 0.0f, 0.0f};
     if (i < p.num_ops && q.ops[i].operand >= p.num_operands) {
       throw std::runtime_error("[w4a16_matmul] Metal backend: epilogue operand out of range.");
+    }
+  }
+
+  if (c.kernel == MetalKernel::kGemm) {
+    const int word = c.bk / kBlockSize;  // scale bytes per row and strip
+    if (p.scale_row_bytes % word == 0 && addr.scales % uint64_t(word) == 0) {
+      q.flags |= kMetalFlagScaleWord;
     }
   }
 

@@ -32,6 +32,7 @@ enum MetalFlag : int {
   kMetalFlagXVec4 = 4,        // x rows may be read as 4-element vectors
   kMetalFlagWVec8 = 8,        // packed weight rows may be read as 8-byte words
   kMetalFlagOutVec2 = 16,     // the output may be written as 2-element vectors
+  kMetalFlagScaleWord = 32,   // GEMM: a strip's BK / 16 scale bytes of a row form one aligned word
 };
 
 struct W4A16MetalParams {

@@ -34,6 +34,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   fp4::MetalAddresses addr;
   addr.x = static_cast<uint64_t>(inputs[kInputX].offset());
   addr.w = static_cast<uint64_t>(inputs[kInputW].offset());
+  addr.scales = static_cast<uint64_t>(inputs[kInputScales].offset());
   addr.out = static_cast<uint64_t>(out.offset());
   const fp4::MetalLaunch launch = fp4::metal_plan(p, addr, has_forced ? &forced : nullptr);
 

@@ -177,12 +177,26 @@ inline void mma_strip(
   }
 }
 
+// The unsigned integer of `bytes` bytes (the scale bytes of one row and strip).
+template <int bytes>
+struct ScaleWord;
+template <>
+struct ScaleWord<2> {
+  typedef ushort type;
+};
+template <>
+struct ScaleWord<4> {
+  typedef uint type;
+};
+
 // One threadgroup computes a BM x 64 output tile. Threads: BM / 32 * 2 simdgroups. Each strip
 // of BK columns: the threadgroup decodes the (64, BK) weight sub-tile into threadgroup memory
 // (thread t decodes row t / (BK / 16), block t % (BK / 16)), then every simdgroup runs its
-// 4 x 4 fragment MMAs. STAGE = false: two B buffers, one barrier per strip. STAGE = true: the
-// strip's scales are first staged in threadgroup memory by one coalesced load, one B buffer,
-// three barriers per strip (the seed's measured M5 layout); edge tiles use per-thread scales.
+// 4 x 4 fragment MMAs. STAGE = false: two B buffers, one barrier per strip; each decode thread
+// loads its own scale byte. STAGE = true: 64 threads first load the strip's scales, one word of
+// BK / 16 bytes per weight row, into threadgroup memory; one B buffer, three barriers per strip
+// (the seed's measured M5 layout). Tiles crossing N, the K tail and unaligned scale rows use the
+// per-thread loads.
 template <typename XT, typename OutT, int BM, int BK, bool STAGE>
 [[kernel]] void w4a16_gemm(
     device const XT* x [[buffer(kMetalBufX)]],
@@ -205,7 +219,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
   constexpr int kLd = BK + kMetalBPad;
   constexpr int kNumBuf = STAGE ? 1 : 2;
   static_assert(kTpr * kMetalDecodeCols == BK, "one thread decodes one scale block per strip");
-  static_assert(kTpr == kBlocks, "staging assigns one scale per thread");
+  static_assert(kTpr == kBlocks, "a decode thread owns one scale block of the strip");
 
   // half4 elements so that the half4 stores of the decode are aligned.
   threadgroup half4 bs4[kNumBuf * kMetalBN * kLd / 4];
@@ -244,15 +258,21 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
   const int dblk = tid % kTpr;  // decoded block within the strip
 
   if (STAGE) {
+    using ScaleWordT = typename ScaleWord<kBlocks>::type;
+    const bool s_word = (p.flags & kMetalFlagScaleWord) != 0;
     for (int s = 0; s < num_strips; ++s) {
       const int k0 = s * BK;
       const int kb = k0 + dblk * kMetalDecodeCols;
       threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
-      if (w_fast && s < full_strips) {
-        // One coalesced load of the strip's 64 x kBlocks scale bytes.
-        const int sr = tid / kBlocks;
-        const int sb = tid % kBlocks;
-        ss[tid] = e4m3_to_float(scales[long(n0 + sr) * p.scale_row_bytes + s * kBlocks + sb]);
+      if (w_fast && s_word && s < full_strips) {
+        // One coalesced load per weight row: the strip's kBlocks scale bytes as one word.
+        if (tid < kMetalBN) {
+          const ScaleWordT word = *((device const ScaleWordT*)(
+              scales + long(n0 + tid) * p.scale_row_bytes + s * kBlocks));
+          for (int b = 0; b < kBlocks; ++b) {
+            ss[tid * kBlocks + b] = e4m3_to_float((uint(word) >> (8u * uint(b))) & 0xFFu);
+          }
+        }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         decode_block16<false>(dst, w, p, n0 + dn, kb, ss[dn * kBlocks + dblk]);
       } else {

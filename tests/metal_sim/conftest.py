@@ -6,7 +6,6 @@ Needs clang++-19 and cmake. Without them the tests are skipped, except on a Linu
 """
 
 import os
-import shutil
 import sys
 
 import pytest
@@ -14,17 +13,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import simbuild  # noqa: E402
-
-
-def require_toolchain():
-    cxx = os.environ.get("METAL_SIM_CXX") or "clang++-19"
-    missing = [t for t in (cxx, "cmake") if shutil.which(t) is None]
-    if missing:
-        msg = (f"metal_sim needs {' and '.join(missing)} "
-               "(Debian/Ubuntu: apt-get install -y clang-19 cmake)")
-        if os.environ.get("CI") and sys.platform.startswith("linux"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+from simcheck import require_toolchain  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ codes, epilogue op codes and operand kinds); the runner then takes the productio
 (csrc/metal/w4a16_dispatch.h) to pick the kernel, grid and bindings.
 """
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,7 +44,8 @@ def symbolize(runner, stderr):
 
 
 def run_case(runner, case_dir, *, m, n, k, x, w_packed, scales, x_dtype, out_dtype,
-             global_scale=None, epilogue=(), force="auto", guard="end", workers=2, timeout=300):
+             global_scale=None, epilogue=(), force="auto", guard="end", workers=2, timeout=300,
+             schedule="forward"):
     """x: float array [m, k] already representable in x_dtype; w_packed uint8 [n, row_bytes];
     scales uint8 [n, ceil(k/16)]; epilogue: list of (name, operand array or float or None,
     p1) with operand kinds inferred from the shape. Returns (out float64 [m, n], plan dict)."""
@@ -78,8 +80,9 @@ def run_case(runner, case_dir, *, m, n, k, x, w_packed, scales, x_dtype, out_dty
             p0 = 0.0 if arg is None else float(arg)
             spec.append(f"op {code} -1 {p0!r} {float(p1 or 0.0)!r}")
     (d / "spec.txt").write_text("\n".join(spec) + "\n")
+    env = dict(os.environ, MSIM_SCHEDULE=schedule)
     r = subprocess.run([str(runner), "run", str(d)], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=env)
     if r.returncode != 0:
         raise SimFailure(r.returncode, symbolize(runner, r.stderr))
     out = np.fromfile(d / "out.bin", dtype=NP_DTYPE[out_dtype]).astype(np.float64)

@@ -124,6 +124,7 @@ int cmd_run(const std::string& dir) {
     fp4::MetalAddresses addr;
     addr.x = reinterpret_cast<uintptr_t>(inputs[0]->data);
     addr.w = reinterpret_cast<uintptr_t>(inputs[1]->data);
+    addr.scales = reinterpret_cast<uintptr_t>(inputs[2]->data);
     addr.out = reinterpret_cast<uintptr_t>(out->data);
     const fp4::MetalLaunch l = fp4::metal_plan(p, addr, has_force ? &fc : nullptr);
     std::ofstream plan(dir + "/plan.txt");

@@ -161,6 +161,15 @@ struct Worker {
   size_t tg_param_off[32] = {};
   const Dispatch* d = nullptr;
   char* altstack = nullptr;
+  bool reverse = false;  // MSIM_SCHEDULE=reverse
+  int lo = 0;            // no runnable fiber below lo (forward schedule)
+  int hi = 0;            // no runnable fiber above hi (reverse schedule)
+
+  void wake(int i) {
+    fibers[i].state = kRunnable;
+    if (i < lo) lo = i;
+    if (i > hi) hi = i;
+  }
 };
 
 std::map<std::string, KernelEntry>& kernels() {
@@ -363,16 +372,33 @@ void run_threadgroup(Worker* w, const Dispatch& d, uint32_t linear) {
     c.simdgroups = uint32_t(nsg);
     c.lanes_in_simdgroup = uint32_t(w->sgs[i / kSimdWidth].lanes);
   }
-  // Run each runnable fiber until it blocks or returns, in thread order, until all returned.
+  // Schedule: always run the lowest-numbered runnable thread (MSIM_SCHEDULE=reverse: the
+  // highest). A simdgroup thus runs ahead of the others until a threadgroup barrier stops it,
+  // which exposes missing barriers in both directions (reads of data not yet written: NaN
+  // poison; overwrites of data still needed: wrong values).
+  w->lo = 0;
+  w->hi = n - 1;
   while (w->done < n) {
-    bool ran = false;
-    for (int i = 0; i < n; ++i) {
-      if (w->fibers[i].state == kRunnable) {
-        ran = true;
-        switch_to_fiber(w, i);
+    int pick = -1;
+    if (!w->reverse) {
+      for (int i = w->lo; i < n; ++i) {
+        if (w->fibers[i].state == kRunnable) {
+          pick = i;
+          break;
+        }
       }
+      w->lo = pick < 0 ? n : pick;
+    } else {
+      for (int i = w->hi; i >= 0; --i) {
+        if (w->fibers[i].state == kRunnable) {
+          pick = i;
+          break;
+        }
+      }
+      w->hi = pick;
     }
-    if (!ran) deadlock(w);
+    if (pick < 0) deadlock(w);
+    switch_to_fiber(w, pick);
   }
 }
 
@@ -512,7 +538,7 @@ void barrier(const std::source_location& loc) {
   if (++w->barrier_arrived == w->nthreads) {
     w->barrier_arrived = 0;
     for (int i = 0; i < w->nthreads; ++i) {
-      if (w->fibers[i].state == kWaitBarrier) w->fibers[i].state = kRunnable;
+      if (w->fibers[i].state == kWaitBarrier) w->wake(i);
     }
     return;
   }
@@ -543,9 +569,9 @@ void collective(const char* what, const std::source_location& loc, void* slot, C
   if (++g.arrived == g.lanes) {
     g.arrived = 0;
     g.fn(g.user, g.slots, g.lanes);
-    for (int i = 0; i < w->nthreads; ++i) {
-      Fiber& o = w->fibers[i];
-      if (o.state == kWaitSimd && o.ctx.simdgroup == f.ctx.simdgroup) o.state = kRunnable;
+    const int first = int(f.ctx.simdgroup) * kSimdWidth;
+    for (int i = first; i < first + g.lanes; ++i) {
+      if (w->fibers[i].state == kWaitSimd) w->wake(i);
     }
     return;
   }
@@ -722,6 +748,8 @@ void Encoder::dispatch_threadgroups(const std::string& host_name, Dim3 grid, Dim
   std::atomic<uint64_t> next{0};
   auto body = [&]() {
     Worker w;
+    const char* sched = std::getenv("MSIM_SCHEDULE");
+    w.reverse = sched != nullptr && std::strcmp(sched, "reverse") == 0;
     tls_worker = &w;
     setup_altstack(&w);
     w.d = &d;
