@@ -146,23 +146,22 @@ mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, mx
   const int n = packed.shape(0);
   const int per_element = static_cast<int>(packed.itemsize()) * fp4::kValuesPerByte;
   const int ncodes = packed.shape(1) * per_element;
-  const int blocks = scales.shape(1);
   auto b = mx::astype(packed, mx::uint32, s);
   std::vector<mx::array> nibbles;
   for (int j = 0; j < per_element; ++j) {
     nibbles.push_back(mx::bitwise_and(mx::right_shift(b, u32(fp4::kNibbleBits * j), s), u32(fp4::kNibbleMask), s));
   }
+  // k <= ncodes (validated). Columns are picked with gathers over constant index arrays, not
+  // slices or pads: those MLX primitives have no output_shapes, which shapeless compile needs.
   auto codes = mx::reshape(mx::stack(nibbles, -1, s), {n, ncodes}, s);
-  const int kpad = blocks * fp4::kBlockSize;
-  if (ncodes < kpad) {
-    codes = mx::pad(codes, {{0, 0}, {0, kpad - ncodes}}, u32(0), "constant", s);
-  } else {
-    codes = mx::slice(codes, {0, 0}, {n, kpad}, s);
+  auto column = mx::arange(k, mx::int32, s);
+  if (ncodes != k) {
+    codes = mx::take(codes, column, 1, s);
   }
-  auto values = mx::reshape(mx::take(e2m1_table(), codes, s), {n, blocks, fp4::kBlockSize}, s);
+  auto values = mx::take(e2m1_table(), codes, s);
   auto scale_values = mx::take(e4m3_table(), mx::astype(scales, mx::uint32, s), s);
-  auto w = mx::multiply(values, mx::expand_dims(scale_values, -1, s), s);
-  return mx::slice(mx::reshape(w, {n, kpad}, s), {0, 0}, {n, k}, s);
+  auto block_of_column = mx::floor_divide(column, mx::array(fp4::kBlockSize, mx::int32), s);
+  return mx::multiply(values, mx::take(scale_values, block_of_column, 1, s), s);
 }
 
 mx::array dequantize(

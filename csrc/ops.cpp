@@ -120,10 +120,15 @@ std::pair<int, mx::array> canonical_operand(
   if (varies_col && !varies_row) {
     return {fp4::kOperandCol, mx::reshape(v, {n}, s)};
   }
-  if (!varies_col) {
-    return {fp4::kOperandRow, mx::contiguous(mx::broadcast_to(v, row_shape, s), false, s)};
+  // Operands that already have the full leading shape need no broadcast node (which would
+  // pin the traced shape under shapeless compile); only a reshape that adds leading 1s.
+  const mx::Shape& target = varies_col ? out_shape : row_shape;
+  bool full_leading = static_cast<int>(t.ndim()) == on;
+  for (int i = 0; full_leading && i < on; ++i) {
+    full_leading = t.shape(i) == target[i];
   }
-  return {fp4::kOperandFull, mx::contiguous(mx::broadcast_to(v, out_shape, s), false, s)};
+  auto expanded = full_leading ? v : mx::broadcast_to(v, target, s);
+  return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, mx::contiguous(expanded, false, s)};
 }
 
 bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }

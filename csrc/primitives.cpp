@@ -69,7 +69,22 @@ fp4::W4A16Problem W4A16Matmul::problem(const std::vector<mx::array>& inputs, con
   p.num_operands = static_cast<int>(operand_kinds_.size());
   for (size_t i = 0; i < operand_kinds_.size(); ++i) {
     p.operand_kind[i] = operand_kinds_[i];
-    p.operand_dtype[i] = operand_dtype_code(inputs[operand_input_index(static_cast<int>(i))].dtype());
+    const auto& opnd = inputs[operand_input_index(static_cast<int>(i))];
+    p.operand_dtype[i] = operand_dtype_code(opnd.dtype());
+    // The broadcast of an operand is materialized when the graph is built; a shapeless compiled
+    // function called with other batch dims would hand the kernel a stale, too-small operand.
+    const int64_t expected = operand_kinds_[i] == fp4::kOperandScalar ? 1
+                           : operand_kinds_[i] == fp4::kOperandCol    ? p.n
+                           : operand_kinds_[i] == fp4::kOperandRow    ? p.m
+                                                                      : p.m * p.n;
+    if (static_cast<int64_t>(opnd.size()) != expected || !opnd.flags().row_contiguous) {
+      throw std::invalid_argument(
+          "[w4a16_matmul] epilogue operand " + std::to_string(i) + " has " + std::to_string(opnd.size()) +
+          " elements but the output needs " + std::to_string(expected) +
+          ". An operand that broadcasts over the leading (batch) dims is expanded when the graph is "
+          "traced, so mx.compile(shapeless=True) cannot change those dims: pass it with the full "
+          "leading shape, or compile without shapeless.");
+    }
   }
   return p;
 }
