@@ -1,0 +1,70 @@
+"""On a Mac (the macOS CI job): every Metal kernel config on the real GPU, forced one at a time
+through MLX_FP4_METAL_KERNEL, against the float64 reference (tests/reference.py) within the
+tolerance table (tests/common.py). The simulator proves the same MSL on Linux; this proves what
+the simulator cannot (the Metal compiler, the hardware, the MLX integration). Skipped without
+an Apple GPU.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import common
+from simcheck import ALL_CONFIGS
+
+pytestmark = pytest.mark.skipif(not mx.metal.is_available(), reason="needs an Apple GPU (Metal)")
+
+SHAPES = {
+    # (M, N, K): ragged (odd K, K % BK != 0, K < 16) and tile-aligned
+    "gemv": [(1, 70, 37), (3, 65, 7), (4, 256, 512)],
+    "gemm": [(70, 65, 37), (5, 9, 1), (133, 130, 200), (256, 256, 512)],
+}
+EPILOGUES = {
+    "none": lambda m, n, g: None,
+    "bias_silu": lambda m, n, g: [("add", mx.array(g.standard_normal(n).astype(np.float32))),
+                                  "silu"],
+    "gate_gelu_clamp": lambda m, n, g: [
+        ("mul", mx.array(g.standard_normal((m, n)).astype(np.float16))), "gelu",
+        ("clamp", -0.5, 2.0)],
+    "row_tanh_scale": lambda m, n, g: [
+        ("add", mx.array(g.standard_normal((m, 1)).astype(np.float32)).astype(mx.bfloat16)),
+        "tanh", ("scale", 0.5), "relu", "sigmoid", "gelu_approx"],
+}
+
+
+def cases():
+    for force in ALL_CONFIGS:
+        for m, n, k in SHAPES["gemv" if force == "gemv" else "gemm"]:
+            for dtype in common.DTYPES:
+                for epi in EPILOGUES:
+                    yield force, m, n, k, dtype, epi
+
+
+@pytest.mark.parametrize(
+    "force,m,n,k,dtype,epi", list(cases()),
+    ids=lambda v: common.dname(v) if isinstance(v, mx.Dtype) else str(v))
+def test_forced_kernel_on_gpu(monkeypatch, force, m, n, k, dtype, epi):
+    import mlx_fp4
+
+    monkeypatch.setenv("MLX_FP4_METAL_KERNEL", force)
+    g = common.rng("metal_gpu", force, m, n, k, common.dname(dtype), epi)
+    x = common.rand_x((m, k), dtype, g)
+    w, scales, _ = common.rand_weights(n, k, g)
+    epilogue = EPILOGUES[epi](m, n, g)
+    gs = 0.375 if epi == "gate_gelu_clamp" else None
+    out = mlx_fp4.w4a16_matmul(x, w, scales, global_scale=gs, epilogue=epilogue, stream=mx.gpu)
+    mx.eval(out)
+    common.check_matmul(out, x, w, scales, k=k, global_scale=gs, epilogue=epilogue)
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 255, 256, 300])
+def test_auto_choice_on_gpu(monkeypatch, m):
+    import mlx_fp4
+
+    monkeypatch.delenv("MLX_FP4_METAL_KERNEL", raising=False)
+    g = common.rng("metal_gpu_auto", m)
+    x = common.rand_x((m, 96), mx.bfloat16, g)
+    w, scales, _ = common.rand_weights(200, 96, g, layout="uint32")
+    out = mlx_fp4.w4a16_matmul(x, w, scales, stream=mx.gpu)
+    mx.eval(out)
+    common.check_matmul(out, x, w, scales, k=96)
