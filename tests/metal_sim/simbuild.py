@@ -223,6 +223,37 @@ def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(
     return runner
 
 
+def check_address_spaces(source=None, only=()):
+    """Compiles the MSL (default: the embedded source) with every instantiation, syntax only,
+    with device/constant/threadgroup as clang address spaces. Returns (ok, compiler output)."""
+    cxx = compiler()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = CACHE / "embed"
+    work.mkdir(exist_ok=True)
+    if source is None:
+        source = embedded_msl(work)
+    lines = instantiation_lines(only)
+    tmp_dir = CACHE / f"aspace.{_uid()}.tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir(parents=True)
+    try:
+        msl = tmp_dir / "w4a16.metal"
+        msl.write_text(source + "\n" + "\n".join(lines) + "\n")
+        cpp, sig = tmp_dir / "w4a16.metal.cpp", tmp_dir / "w4a16.sig.hpp"
+        r = subprocess.run([sys.executable, str(SIM / "msl_prep.py"), str(msl), str(cpp),
+                            str(sig)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return False, r.stderr
+        tu = tmp_dir / "aspace.cpp"
+        tu.write_text(KERNEL_TU.format(metal_cpp=cpp.name, sig=sig.name, extra=""))
+        r = subprocess.run([cxx, *COMMON_FLAGS, *KERNEL_FLAGS, "-DMETAL_SIM_ADDRESS_SPACES",
+                            "-fsyntax-only", f"-I{SIM / 'include'}", f"-I{tmp_dir}", str(tu)],
+                           capture_output=True, text=True)
+        return r.returncode == 0, r.stderr
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
 def build_raw(name, metal_path, extra_flags=(), expect_fail=False):
     """Builds a runner for a standalone .metal file (negative tests). Returns (runner path or
     None, compiler output)."""

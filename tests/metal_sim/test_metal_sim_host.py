@@ -102,3 +102,19 @@ def test_eval_gpu_compiles_against_the_mlx_metal_headers(tmp_path):
                         str(simbuild.CSRC / "metal" / "w4a16_matmul.cpp")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_address_spaces_are_consistent():
+    """Every pointer in the MSL carries the right address space (a syntax-only compile with
+    device/constant/threadgroup as clang address spaces; execution builds erase them)."""
+    require_toolchain()
+    ok, err = simbuild.check_address_spaces()
+    assert ok, err
+
+
+def test_address_space_check_catches_a_missing_qualifier(embedded_msl):
+    old = "    device const uchar* wrow = w + long(row_ok ? n : 0) * p.w_row_bytes;\n"
+    assert embedded_msl.count(old) == 1
+    bad = embedded_msl.replace(old, "    const uchar* wrow = w + long(row_ok ? n : 0) * p.w_row_bytes;\n")
+    ok, err = simbuild.check_address_spaces(bad, only=["mlx_fp4_w4a16_gemm_bm64_bk32_s0_xf32_of32"])
+    assert not ok and "address_space(1)" in err, err

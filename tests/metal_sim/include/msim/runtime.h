@@ -115,13 +115,15 @@ inline T builtin_scalar(uint32_t v) {
 template <class T>
 inline T make_arg(const ParamAttr& a) {
   if constexpr (std::is_pointer_v<T>) {
-    if (a.kind == kAttrBuffer) return static_cast<T>(buffer_arg(a.index, 0));
-    if (a.kind == kAttrThreadgroup) return static_cast<T>(tg_param(a.index));
+    // C-style casts: they also convert to the address-space-qualified pointers of the
+    // address-space check build (see simbuild.check_address_spaces).
+    if (a.kind == kAttrBuffer) return (T)(buffer_arg(a.index, 0));
+    if (a.kind == kAttrThreadgroup) return (T)(tg_param(a.index));
     fail("pointer kernel parameter without [[buffer(n)]] or [[threadgroup(n)]]");
   } else if constexpr (std::is_reference_v<T>) {
     using U = std::remove_reference_t<T>;
     if (a.kind != kAttrBuffer) fail("reference kernel parameter without [[buffer(n)]]");
-    return *static_cast<U*>(buffer_arg(a.index, sizeof(U)));
+    return *(U*)(buffer_arg(a.index, sizeof(U)));
   } else {
     const ThreadCtx& c = ctx();
     uint32_t g[3];
