@@ -52,6 +52,9 @@ struct HotLoops {
   // kGemmDepth, x row stride nv * kVec, c row stride ldc.
   void (*micro2)(int kc, const float* w, const float* x, float* c, int64_t ldc);
   void (*micro1)(int kc, const float* w, const float* x, float* c, int64_t ldc);
+  // v[j] = fp4::epilogue_apply(code, v[j], operand[j], p0, p1) for j < count (compiled per ISA
+  // so that the polynomial ops vectorize).
+  void (*epilogue_op)(int code, float* v, const float* operand, int64_t count, float p0, float p1);
 };
 
 // Position of k inside the chunk-deinterleaved order for chunks of 2 * vec values.

@@ -8,8 +8,9 @@ constexpr int kGemvMaxRows = 8;
 // GEMM: depth of one decoded weight panel (floats per panel row; a compile-time row stride of the
 // micro kernel). A multiple of every chunk size (2 * kVec <= 32).
 constexpr int kGemmDepth = 256;
-// GEMM: target weight rows per decoded panel (kGemmDepth x this x 4 bytes stays in L2).
-constexpr int kGemmPanelRows = 448;
+// GEMM: target weight rows per task / decoded panel (kGemmDepth x this x 4 bytes stays in L2;
+// small enough for dynamic load balance across threads).
+constexpr int kGemmPanelRows = 224;
 // GEMM: activation rows packed and processed per pass (bounds the packed-x buffer).
 constexpr int kGemmChunkRows = 512;
 // GEMV: weight rows per task (tasks are handed out dynamically).

@@ -112,26 +112,7 @@ void finish(const fp4::W4A16Problem& p, const Buffers& b, int64_t row, int64_t c
       } else {
         for (int64_t j = 0; j < cnt; ++j) opnd[j] = op.p0;
       }
-      switch (op.code) {  // one specialized loop per op code
-#define MLX_FP4_EPI_CASE(CODE)                                                                       \
-  case CODE:                                                                                         \
-    for (int64_t j = 0; j < cnt; ++j) vv[j] = fp4::epilogue_apply(CODE, vv[j], opnd[j], op.p0, op.p1); \
-    break;
-        MLX_FP4_EPI_CASE(fp4::kEpiAdd)
-        MLX_FP4_EPI_CASE(fp4::kEpiMul)
-        MLX_FP4_EPI_CASE(fp4::kEpiScale)
-        MLX_FP4_EPI_CASE(fp4::kEpiRelu)
-        MLX_FP4_EPI_CASE(fp4::kEpiSilu)
-        MLX_FP4_EPI_CASE(fp4::kEpiGelu)
-        MLX_FP4_EPI_CASE(fp4::kEpiGeluApprox)
-        MLX_FP4_EPI_CASE(fp4::kEpiSigmoid)
-        MLX_FP4_EPI_CASE(fp4::kEpiTanh)
-        MLX_FP4_EPI_CASE(fp4::kEpiClamp)
-#undef MLX_FP4_EPI_CASE
-        default:
-          for (int64_t j = 0; j < cnt; ++j) vv[j] = fp4::epilogue_apply(op.code, vv[j], opnd[j], op.p0, op.p1);
-          break;
-      }
+      hot().epilogue_op(op.code, vv, opnd, cnt, op.p0, op.p1);
     }
   }
   store_floats(b.out, p.out_dtype, row * p.n + col0, count, v);
