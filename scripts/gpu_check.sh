@@ -96,15 +96,18 @@ step_harness() { build_harness && build/gpu/kernel_harness check; }
 step_kbench() { build_harness && build/gpu/kernel_harness bench; }
 
 step_tests() {
-  local rc=0
+  local rc=0 f
   export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu
   for path in ${TEST_PATHS:-auto tc simt dequant}; do
     echo "== MLX_FP4_CUDA_PATH=$path"
     if [ "$path" = auto ]; then
-      "$PY" -m pytest -q -p no:cacheprovider tests/test_w4a16_matmul.py tests/test_epilogue.py \
-        tests/test_transforms.py tests/test_errors.py || rc=1
+      # One pytest per file, so that a crash in one file does not hide the others.
+      for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py; do
+        "$PY" -m pytest -v -p no:cacheprovider --tb=line -rf "$f" || rc=1
+      done
     else
-      MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+      MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
+        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
     fi
   done
   return $rc

@@ -195,6 +195,7 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   } else if (c.epi == 3) {
     add_op(fp4::kEpiGelu, -1);
     add_op(fp4::kEpiScale, -1, 0.5f);
+    add_op(fp4::kEpiAdd, -1, 0.25f);  // constant operand
     add_op(fp4::kEpiAdd, add_operand(fp4::kOperandScalar, fp4::kDtypeF32));
   }
 
@@ -218,7 +219,7 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
       float v = float(s) * (c.gs ? gsv : 1.0f);
       for (int i = 0; i < p.num_ops; ++i) {
         const auto& op = p.ops[i];
-        float operand = 0;
+        float operand = op.p0;
         if (op.operand >= 0) {
           operand = host_load(ops_host[op.operand], p.operand_dtype[op.operand],
                               fp4::operand_offset(p.operand_kind[op.operand], m, n, p.n));
@@ -362,7 +363,7 @@ void run_checks(bool quick) {
     if (half_x) {
       check_case(c, Path::kTensorCore, nullptr, rng);
       if (!quick) {
-        for (int rt : {1, 2})
+        for (int rt : {1, 2, 4})
           for (int kw : {1, 3, 8}) {
             TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
             if (cfg.mt * cfg.rt > 8) continue;
@@ -489,17 +490,16 @@ void run_bench(bool quick) {
       const Plan plan = plan_w4a16(p, g_dev, true, nullptr, nullptr);
       std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d\n", (long long)N, (long long)K, (long long)M,
                   path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw);
-      if (M <= 1024) {
+      if (M <= 256) {
         const int mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
         std::vector<TcConfig> cfgs;
         cfgs.push_back(plan.tc);
         if (!quick) {
-          for (int m2 : {mt, std::min(8, mt * 2)})
-            for (int rt : {1, 2})
-              for (int kw : {1, 2, 4, 8}) {
-                if (m2 * rt > 8 || (m2 != mt && M > 64)) continue;
-                cfgs.push_back(TcConfig{m2, rt, kw});
-              }
+          for (int rt : {1, 2, 4})
+            for (int kw : {2, 4, 8}) {
+              if (mt * rt > 8) continue;
+              cfgs.push_back(TcConfig{mt, rt, kw});
+            }
         }
         for (const auto& cfg : cfgs) {
           double us = time_us([&](int c) { run_path(Path::kTensorCore, cfg, with_copy(c), nullptr, nullptr, s); },

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <string>
 
 #include "../shared/tiling_cuda.h"
@@ -59,7 +60,8 @@ __device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t r
   float v = acc * gs;
   for (int i = 0; i < a.p.num_ops; ++i) {
     const fp4::EpilogueOp op = a.p.ops[i];
-    float operand = 0.0f;
+    // Ops without a tensor operand take the constant p0 (e.g. ("add", 0.5)).
+    float operand = op.p0;
     if (op.operand >= 0) {
       const int kind = a.p.operand_kind[op.operand];
       operand = load_as_float(a.operands[op.operand], a.p.operand_dtype[op.operand],
@@ -164,6 +166,26 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
   return (shift_signed<kS - 4 * kNib>(w) & kMagMask) | (shift_signed<12 - 4 * kNib>(w) & 0x80008000u);
 }
 
+// The four pairs of one word. For bf16 one multiply places magnitude and sign at once: a nibble
+// at bits 0..3 times (2^6 + 2^12) puts its magnitude at bits 6..8 and its sign at bit 15 (the two
+// shifted copies do not overlap, so no carry); fp16's shifts (9 and 12) would overlap.
+template <typename T>
+__device__ __forceinline__ void fp4_word(uint32_t w, uint32_t (&p)[4]) {
+  if constexpr (Mma16<T>::kMagShift == 6) {
+    constexpr uint32_t kKeep = 0x81C081C0u;
+    const uint32_t hi = w >> 8;
+    p[0] = ((w & 0x000F000Fu) * 0x1040u) & kKeep;
+    p[1] = ((w & 0x00F000F0u) * 0x0104u) & kKeep;
+    p[2] = ((hi & 0x000F000Fu) * 0x1040u) & kKeep;
+    p[3] = ((hi & 0x00F000F0u) * 0x0104u) & kKeep;
+  } else {
+    p[0] = fp4_pair<T, 0>(w);
+    p[1] = fp4_pair<T, 1>(w);
+    p[2] = fp4_pair<T, 2>(w);
+    p[3] = fp4_pair<T, 3>(w);
+  }
+}
+
 // Accumulator correction for the 2^-7 folded into the decoded weights.
 constexpr float kTcAccScale = 128.0f;
 
@@ -178,8 +200,8 @@ constexpr float kTcAccScale = 128.0f;
 
 template <typename T, int MT, int RT>
 struct TcFrag {
-  uint32_t w[RT][2][4];  // [row tile][row g / g+8][word]
-  uint32_t sc[RT][2];    // two scale bytes (blocks of 16) per row, packed in the low 16 bits
+  uint32_t w[RT][2][4];   // [row tile][row g / g+8][word]
+  uint32_t sc[RT][2][2];  // scale bytes [row tile][row][block of 16]
 };
 
 template <typename T, int MT, int RT, bool kVec>
@@ -216,6 +238,12 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
     xrow[j] = static_cast<const T*>(a.x) + m * K;
   }
 
+  // Block scales as ready-made 16-bit pairs (scale * 2^119 for bf16, * 2^7 for fp16): one shared
+  // memory load per 16 weights instead of an E4M3 decode.
+  __shared__ uint32_t s_scale[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_scale[i] = Mma::scale_pair(fp4::e4m3_to_float(i));
+  __syncthreads();
+
   const int64_t nsteps = (K + kStepK - 1) / kStepK;
   const int64_t per = (nsteps + nwarps - 1) / nwarps;
   const int64_t s_begin = int64_t(warp) * per;
@@ -244,9 +272,8 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
           f.w[rt][h][1] = v.y;
           f.w[rt][h][2] = v.z;
           f.w[rt][h][3] = v.w;
-          const uint32_t s0 = __ldg(srow[rt][h] + blk0);
-          const uint32_t s1 = __ldg(srow[rt][h] + blk0 + 1);
-          f.sc[rt][h] = s0 | (s1 << 8);
+          f.sc[rt][h][0] = __ldg(srow[rt][h] + blk0);
+          f.sc[rt][h][1] = __ldg(srow[rt][h] + blk0 + 1);
         } else {
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -259,9 +286,8 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
             }
             f.w[rt][h][q] = word;
           }
-          const uint32_t s0 = blk0 < srb ? uint32_t(__ldg(srow[rt][h] + blk0)) : 0u;
-          const uint32_t s1 = blk0 + 1 < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + 1)) : 0u;
-          f.sc[rt][h] = s0 | (s1 << 8);
+          f.sc[rt][h][0] = blk0 < srb ? uint32_t(__ldg(srow[rt][h] + blk0)) : 0u;
+          f.sc[rt][h][1] = blk0 + 1 < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + 1)) : 0u;
         }
       }
     }
@@ -277,7 +303,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int b = 0; b < 2; ++b)
-          sp[rt][h][b] = Mma::scale_pair(fp4::e4m3_to_float((f.sc[rt][h] >> (8 * b)) & 0xFFu));
+          sp[rt][h][b] = s_scale[f.sc[rt][h][b]];
 
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -307,25 +333,19 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
       }
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
-        const uint32_t w0 = f.w[rt][0][q];
-        const uint32_t w1 = f.w[rt][1][q];
         const uint32_t s0 = sp[rt][0][q >> 1];
         const uint32_t s1 = sp[rt][1][q >> 1];
-        {
-          const uint32_t a0 = Mma::mul(fp4_pair<T, 0>(w0), s0);
-          const uint32_t a1 = Mma::mul(fp4_pair<T, 0>(w1), s1);
-          const uint32_t a2 = Mma::mul(fp4_pair<T, 1>(w0), s0);
-          const uint32_t a3 = Mma::mul(fp4_pair<T, 1>(w1), s1);
+        uint32_t p0[4], p1[4];
+        fp4_word<T>(f.w[rt][0][q], p0);
+        fp4_word<T>(f.w[rt][1][q], p1);
 #pragma unroll
-          for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][0][0], bx[j][0][1]);
-        }
-        {
-          const uint32_t a0 = Mma::mul(fp4_pair<T, 2>(w0), s0);
-          const uint32_t a1 = Mma::mul(fp4_pair<T, 2>(w1), s1);
-          const uint32_t a2 = Mma::mul(fp4_pair<T, 3>(w0), s0);
-          const uint32_t a3 = Mma::mul(fp4_pair<T, 3>(w1), s1);
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a0 = Mma::mul(p0[2 * h], s0);
+          const uint32_t a1 = Mma::mul(p1[2 * h], s1);
+          const uint32_t a2 = Mma::mul(p0[2 * h + 1], s0);
+          const uint32_t a3 = Mma::mul(p1[2 * h + 1], s1);
 #pragma unroll
-          for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][1][0], bx[j][1][1]);
+          for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][h][0], bx[j][h][1]);
         }
       }
     }
@@ -488,6 +508,15 @@ __global__ void __launch_bounds__(kElementwiseThreads) w4a16_dequant_kernel(cons
   const int64_t kbytes = (K + 1) / 2;
   OT* out = static_cast<OT*>(d.out);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  // 16-bit outputs: the scale pairs of the tensor-core kernel, and the pair 2^7 that undoes its 2^-7.
+  __shared__ uint32_t s_scale[256];
+  uint32_t kUnscale = 0;
+  if constexpr (!std::is_same_v<OT, float>) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_scale[i] = Mma16<OT>::scale_pair(fp4::e4m3_to_float(i));
+    kUnscale = Mma16<OT>::scale_pair(0x1p-112f);  // bf16: 2^-112 * 2^119; fp16 path below
+    if constexpr (std::is_same_v<OT, __half>) kUnscale = Mma16<OT>::scale_pair(1.0f);  // 1 * 2^7
+    __syncthreads();
+  }
   if constexpr (kVec) {
     const int64_t cpr = (K + 31) / 32;  // 16-byte chunks per row
     const int64_t total = d.n * cpr;
@@ -498,6 +527,32 @@ __global__ void __launch_bounds__(kElementwiseThreads) w4a16_dequant_kernel(cons
       const uint8_t* srow = d.scales + n * d.scale_row_bytes;
       const int64_t k0 = c * 32;
       const bool full = k0 + 32 <= K;
+      if constexpr (!std::is_same_v<OT, float>) {
+        if (full) {
+          // Register decode as in the tensor-core kernel (value * scale * 2^-7), times 2^7, then
+          // (k, k+4) pairs regrouped into (k, k+1) pairs for 16-byte stores.
+          using Mma = Mma16<OT>;
+          const uint4 v = load_stream16(wrow + c * 16);
+          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+          const uint32_t sp[2] = {s_scale[srow[2 * c]], s_scale[srow[2 * c + 1]]};
+          uint32_t o[16];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            uint32_t pr[4];
+            fp4_word<OT>(words[q], pr);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) pr[i] = Mma::mul(Mma::mul(pr[i], sp[q >> 1]), kUnscale);
+            o[4 * q + 0] = __byte_perm(pr[0], pr[1], 0x5410);
+            o[4 * q + 1] = __byte_perm(pr[2], pr[3], 0x5410);
+            o[4 * q + 2] = __byte_perm(pr[0], pr[1], 0x7632);
+            o[4 * q + 3] = __byte_perm(pr[2], pr[3], 0x7632);
+          }
+          uint4* dst = reinterpret_cast<uint4*>(out + n * K + k0);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+          continue;
+        }
+      }
       uint32_t wv[4];
       if (full) {
         const uint4 v = load_stream16(wrow + c * 16);
@@ -588,8 +643,8 @@ CUfunction tc_func_rt(bool vec) {
 template <typename T>
 CUfunction tc_func_t(int mt, int rt, bool vec) {
   switch (mt) {
-    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : tc_func_rt<T, 1, 2>(vec);
-    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : tc_func_rt<T, 2, 2>(vec);
+    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : rt == 2 ? tc_func_rt<T, 1, 2>(vec) : tc_func_rt<T, 1, 4>(vec);
+    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : rt == 2 ? tc_func_rt<T, 2, 2>(vec) : tc_func_rt<T, 2, 4>(vec);
     case 4: return rt == 1 ? tc_func_rt<T, 4, 1>(vec) : tc_func_rt<T, 4, 2>(vec);
     default: return tc_func_rt<T, 8, 1>(vec);
   }
@@ -609,7 +664,7 @@ bool parse_tc(const char* s, TcConfig& cfg) {
   int mt = 0, rt = 0, kw = 0;
   if (!s || std::sscanf(s, "%d,%d,%d", &mt, &rt, &kw) != 3) return false;
   if (mt != 1 && mt != 2 && mt != 4 && mt != 8) return false;
-  if (rt != 1 && rt != 2) return false;
+  if (rt != 1 && rt != 2 && rt != 4) return false;
   if (mt * rt > 8 || kw < 1 || kw > kMaxWarpsPerBlock) return false;
   cfg = TcConfig{mt, rt, kw};
   return true;
@@ -625,19 +680,23 @@ bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w) {
 // Dispatch. Crossovers measured on an H200 (docs/cuda.md): tensor-core kernel up to
 // kTcMaxM rows of x, then dequantize + cuBLAS; float32 x uses the SIMT kernel while M is small.
 namespace {
-constexpr int64_t kTcMaxM = 256;
+constexpr int64_t kTcMaxM = 32;
 constexpr int64_t kSimtMaxM = 32;
 
+// Rows per warp (rt): 4 tiles of 16 rows when there are enough row blocks to give every SM one, so
+// that each x fragment feeds 4 weight tiles (x is re-read from L2 by every block). Warps per block
+// (kw) split K until the GPU holds about 16 warps per SM.
 TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   TcConfig c;
   const int64_t m = p.m;
   c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-  c.rt = (c.mt <= 4 && p.n >= 16 * 2 * dev.sm_count) ? 2 : 1;
-  const int64_t blocks = ceil_div(p.m, 8 * c.mt) * ceil_div(p.n, 16 * c.rt);
+  const int max_rt = 8 / c.mt < kMaxRowTiles ? 8 / c.mt : kMaxRowTiles;
+  c.rt = 1;
+  while (c.rt < max_rt && ceil_div(p.n, kMmaRows * c.rt * 2) >= dev.sm_count) c.rt *= 2;
+  const int64_t blocks = ceil_div(p.m, kMmaCols * c.mt) * ceil_div(p.n, kMmaRows * c.rt);
   const int64_t nsteps = ceil_div(p.k, kStepK);
-  const int64_t want_warps = int64_t(dev.sm_count) * 32;
   int kw = 1;
-  while (kw < kMaxWarpsPerBlock && blocks * kw < want_warps && nsteps >= 4 * kw) kw *= 2;
+  while (kw < kMaxWarpsPerBlock && blocks * kw < int64_t(dev.sm_count) * 16 && nsteps >= 2 * kw) kw *= 2;
   c.kw = kw;
   return c;
 }
