@@ -243,10 +243,19 @@ inline MetalLaunch metal_plan(
     q.log2_grid_m = metal_ceil_log2(q.tiles_m);
     q.log2_grid_n = metal_ceil_log2(q.tiles_n);
     if (q.log2_grid_m + q.log2_grid_n > 31) {
-      throw std::runtime_error("[w4a16_matmul] Metal backend: threadgroup grid too large.");
+      throw std::runtime_error(
+          "[w4a16_matmul] Metal backend: M = " + std::to_string(p.m) + ", N = " +
+          std::to_string(p.n) + " needs more threadgroups than one dispatch allows; split the "
+          "call.");
     }
     l.grid = uint32_t(1) << (q.log2_grid_m + q.log2_grid_n);
     l.threads = uint32_t(metal_gemm_threads(c.bm));
+  }
+  // Metal counts grid sizes in threads with 32-bit values.
+  if (uint64_t(l.grid) * l.threads > uint64_t(0xffffffffu)) {
+    throw std::runtime_error(
+        "[w4a16_matmul] Metal backend: M = " + std::to_string(p.m) + ", N = " +
+        std::to_string(p.n) + " needs more threads than one dispatch allows; split the call.");
   }
 
   // Bindings: slots without data get x (every declared buffer argument must be bound).

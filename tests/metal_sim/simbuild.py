@@ -254,7 +254,7 @@ def check_address_spaces(source=None, only=()):
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def build_raw(name, metal_path, extra_flags=(), expect_fail=False):
+def build_raw(name, metal_path, extra_flags=()):
     """Builds a runner for a standalone .metal file (negative tests). Returns (runner path or
     None, compiler output)."""
     cxx = compiler()
