@@ -81,7 +81,11 @@ mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
       if (nb::isinstance<mx::array>(args[0])) {
         spec.operand = nb::cast<mx::array>(args[0]);
       } else {
-        spec.p0 = as_float(args[0], where + " operand");
+        if (!nb::isinstance<nb::float_>(args[0]) && !nb::isinstance<nb::int_>(args[0])) {
+          mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " operand must be an mx.array or a Python float but got ",
+                                 nb::cast<std::string>(nb::str(args[0].type())), ".");
+        }
+        spec.p0 = nb::cast<float>(args[0]);
       }
       break;
     case mlx_fp4::EpilogueArgs::kFloat: spec.p0 = as_float(args[0], where + " constant"); break;

@@ -134,8 +134,9 @@ mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevi
     throw_invalid("[", op, "] global_scale must be a scalar (shape () or (1,)) but got shape ",
                   shape_str(gs.shape()), ".");
   }
-  if (!mx::issubdtype(gs.dtype(), mx::floating)) {
-    throw_invalid("[", op, "] global_scale must be float32 but got dtype ", dtype_str(gs.dtype()), ".");
+  if (gs.dtype() != mx::float32) {
+    throw_invalid("[", op, "] global_scale must be a Python float or a float32 array but got dtype ",
+                  dtype_str(gs.dtype()), ".");
   }
   return mx::reshape(mx::astype(gs, mx::float32, s), {}, s);
 }

@@ -93,7 +93,7 @@ std::pair<int, mx::array> canonical_operand(
     const mx::array& t, const mx::Shape& out_shape, int index, mx::StreamOrDevice s) {
   const int on = static_cast<int>(out_shape.size());
   if (static_cast<int>(t.ndim()) > on) {
-    throw_invalid("[", kOp, "] epilogue operand ", index, " must broadcast to the output shape ",
+    throw_invalid("[", kOp, "] epilogue[", index, "] operand must broadcast to the output shape ",
                   shape_str(out_shape), " but got shape ", shape_str(t.shape()), ".");
   }
   bool varies_col = false;
@@ -103,7 +103,7 @@ std::pair<int, mx::array> canonical_operand(
     int od = out_shape[offset + i];
     int td = t.shape(i);
     if (td != 1 && td != od) {
-      throw_invalid("[", kOp, "] epilogue operand ", index, " must broadcast to the output shape ",
+      throw_invalid("[", kOp, "] epilogue[", index, "] operand must broadcast to the output shape ",
                     shape_str(out_shape), " but got shape ", shape_str(t.shape()), ".");
     }
     if (td != 1) {
@@ -115,10 +115,10 @@ std::pair<int, mx::array> canonical_operand(
   mx::Shape row_shape = out_shape;
   row_shape.back() = 1;
   if (!varies_col && !varies_row) {
-    return {fp4::kOperandScalar, mx::reshape(v, {}, s)};
+    return {fp4::kOperandScalar, mx::contiguous(mx::reshape(v, {}, s), false, s)};
   }
   if (varies_col && !varies_row) {
-    return {fp4::kOperandCol, mx::reshape(v, {n}, s)};
+    return {fp4::kOperandCol, mx::contiguous(mx::reshape(v, {n}, s), false, s)};
   }
   // Operands that already have the full leading shape need no broadcast node (which would
   // pin the traced shape under shapeless compile); only a reshape that adds leading 1s.

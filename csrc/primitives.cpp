@@ -78,8 +78,10 @@ fp4::W4A16Problem W4A16Matmul::problem(const std::vector<mx::array>& inputs, con
                            : operand_kinds_[i] == fp4::kOperandRow    ? p.m
                                                                       : p.m * p.n;
     if (static_cast<int64_t>(opnd.size()) != expected || !opnd.flags().row_contiguous) {
+      size_t op_index = 0;
+      while (op_index < ops_.size() && ops_[op_index].operand != static_cast<int>(i)) ++op_index;
       throw std::invalid_argument(
-          "[w4a16_matmul] epilogue operand " + std::to_string(i) + " has " + std::to_string(opnd.size()) +
+          "[w4a16_matmul] epilogue[" + std::to_string(op_index) + "] operand has " + std::to_string(opnd.size()) +
           " elements but the output needs " + std::to_string(expected) +
           ". An operand that broadcasts over the leading (batch) dims is expanded when the graph is "
           "traced, so mx.compile(shapeless=True) cannot change those dims: pass it with the full "

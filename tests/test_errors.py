@@ -107,22 +107,22 @@ MATMUL_ERRORS = [
     (
         "global-scale-dtype",
         dict(global_scale=mx.array(2, dtype=mx.int32)),
-        r"global_scale must be float32 but got dtype int32",
+        r"global_scale must be a Python float or a float32 array but got dtype int32",
     ),
     (
         "operand-too-many-dims",
         dict(epilogue=[("add", mx.zeros((2, 3, N)))]),
-        r"epilogue operand 0 must broadcast to the output shape \(3, 8\) but got shape \(2, 3, 8\)",
+        r"epilogue\[0\] operand must broadcast to the output shape \(3, 8\) but got shape \(2, 3, 8\)",
     ),
     (
         "operand-wrong-n",
         dict(epilogue=["relu", ("add", mx.zeros((N + 1,)))]),
-        r"epilogue operand 1 must broadcast to the output shape \(3, 8\) but got shape \(9,\)",
+        r"epilogue\[1\] operand must broadcast to the output shape \(3, 8\) but got shape \(9,\)",
     ),
     (
         "operand-wrong-rows",
         dict(epilogue=[("mul", mx.zeros((2, 1)))]),
-        r"epilogue operand 0 must broadcast .* but got shape \(2, 1\)",
+        r"epilogue\[0\] operand must broadcast .* but got shape \(2, 1\)",
     ),
     (
         "epilogue-too-many-ops",
@@ -360,7 +360,7 @@ DEQUANTIZE_ERRORS = [
     (
         "global-scale-dtype",
         dict(global_scale=mx.array(1, dtype=mx.uint8)),
-        r"global_scale must be float32 but got dtype uint8",
+        r"global_scale must be a Python float or a float32 array but got dtype uint8",
     ),
 ]
 

@@ -1,7 +1,9 @@
 // AVX-512F build of the hot loops (compiled with -mavx512f -mfma; chosen only when the CPU has it).
 // x86-only file: the weight decode uses intrinsics (the 16 E2M1 values fit one zmm: vpermps).
 // GCC 12 warns about its own _mm512_undefined_* inside the intrinsics headers.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>

@@ -210,9 +210,9 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     device const uchar* op2 [[buffer(kMetalBufOperand2)]],
     device const uchar* op3 [[buffer(kMetalBufOperand3)]],
     uint tg_index [[threadgroup_position_in_grid]],
-    ushort tid [[thread_index_in_threadgroup]],
-    ushort sgid [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    uint tid [[thread_index_in_threadgroup]],
+    uint sgid [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
   constexpr int kThreads = metal_gemm_threads(BM);
   constexpr int kTpr = kThreads / kMetalBN;  // decode threads per weight row
   constexpr int kBlocks = BK / kBlockSize;   // scale blocks per strip
@@ -232,12 +232,12 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
   threadgroup half* bs = (threadgroup half*)bs4;
   const int m0 = int(tile.m) * BM;
   const int n0 = int(tile.n) * kMetalBN;
-  const int sg_m = sgid / kMetalSgN;
-  const int sg_n = sgid % kMetalSgN;
+  const int sg_m = int(sgid) / kMetalSgN;
+  const int sg_n = int(sgid) % kMetalSgN;
   // Fragment coordinates of this lane (the layout MLX's steel GEMM uses).
-  const short qid = short(lane / 4);
-  const short fm = short((qid & 4) + ((lane / 2) % 4));
-  const short fn = short((qid & 2) * 2 + (lane % 2) * 2);
+  const short qid = short(lane / 4u);
+  const short fm = short((qid & 4) + short((lane / 2u) % 4u));
+  const short fn = short((qid & 2) * 2 + short(lane % 2u) * 2);
 
   ARows a;
   for (int i = 0; i < kMetalSgFrags; ++i) {
@@ -254,8 +254,8 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
   const bool w_fast = (n0 + kMetalBN <= p.n) && (p.flags & kMetalFlagWVec8) != 0;
   const int full_strips = p.k / BK;
   const int num_strips = (p.k + BK - 1) / BK;
-  const int dn = tid / kTpr;    // decoded row within the tile
-  const int dblk = tid % kTpr;  // decoded block within the strip
+  const int dn = int(tid) / kTpr;    // decoded row within the tile
+  const int dblk = int(tid) % kTpr;  // decoded block within the strip
 
   if (STAGE) {
     using ScaleWordT = typename ScaleWord<kBlocks>::type;
@@ -266,7 +266,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
       threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
       if (w_fast && s_word && s < full_strips) {
         // One coalesced load per weight row: the strip's kBlocks scale bytes as one word.
-        if (tid < kMetalBN) {
+        if (int(tid) < kMetalBN) {
           const ScaleWordT word = *((device const ScaleWordT*)(
               scales + long(n0 + tid) * p.scale_row_bytes + s * kBlocks));
           for (int b = 0; b < kBlocks; ++b) {
@@ -377,8 +377,8 @@ template <typename XT, typename OutT>
     device const uchar* op2 [[buffer(kMetalBufOperand2)]],
     device const uchar* op3 [[buffer(kMetalBufOperand3)]],
     uint tg_index [[threadgroup_position_in_grid]],
-    ushort sgid [[simdgroup_index_in_threadgroup]],
-    ushort lane [[thread_index_in_simdgroup]]) {
+    uint sgid [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
   const int n = int(tg_index) * kMetalGemvSimdgroups + int(sgid);
   if (n >= p.n) {
     return;  // the whole simdgroup leaves; this kernel has no threadgroup barrier
