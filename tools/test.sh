@@ -11,7 +11,7 @@ if [ "$(uname -s)" = "Linux" ] && ! command -v clang++-19 >/dev/null 2>&1 && com
   SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
   echo "== installing clang-19 (Metal kernel simulator)"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq clang-19 >/dev/null \
-    || echo "clang-19 unavailable: the Metal simulator tests will be skipped"
+    || echo "clang-19 unavailable: the Metal simulator tests skip (and fail when CI is set)"
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
