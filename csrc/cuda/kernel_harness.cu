@@ -363,7 +363,7 @@ void run_checks(bool quick) {
     if (half_x) {
       check_case(c, Path::kTensorCore, nullptr, rng);
       if (!quick) {
-        for (int rt : {1, 2, 4})
+        for (int rt : {1, 2})
           for (int kw : {1, 3, 8}) {
             TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
             if (cfg.mt * cfg.rt > 8) continue;
@@ -495,7 +495,7 @@ void run_bench(bool quick) {
         std::vector<TcConfig> cfgs;
         cfgs.push_back(plan.tc);
         if (!quick) {
-          for (int rt : {1, 2, 4})
+          for (int rt : {1, 2})
             for (int kw : {2, 4, 8}) {
               if (mt * rt > 8) continue;
               cfgs.push_back(TcConfig{mt, rt, kw});

@@ -80,6 +80,9 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec);
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec);
 Launch dequant_launch(const DequantArgs& d, bool vec);
 Launch epilogue_launch(const fp4::W4A16Problem& p);
+// Loads every kernel of this file into the current device's context (lazy loading otherwise
+// loads each on its first launch, milliseconds each).
+void preload_kernels();
 
 // Dense GEMM on the dequantized weight through cuBLASLt (w4a16_cublas.cpp):
 // c[M, N] = alpha * x[M, K] @ wd[N, K]^T, x and wd in `ab_dtype`, c in `c_dtype`, fp32 compute.

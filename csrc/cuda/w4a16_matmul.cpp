@@ -98,6 +98,7 @@ cuda::DeviceInfo device_info(int device) {
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
       }
     }
+    cuda::preload_kernels();
     cache[device] = d;
     have[device] = true;
   }

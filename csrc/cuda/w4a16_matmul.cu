@@ -76,10 +76,11 @@ __device__ __forceinline__ float global_scale_of(const W4A16Args& a) {
   return a.p.has_global_scale ? *a.global_scale : 1.0f;
 }
 
-// Weights are read once: keep them out of L1 (x lives there).
+// Weights are read once: keep them out of L1 (x lives there), and have L2 fetch 256 bytes around
+// each access (the next steps of the same weight row), which keeps more DRAM traffic in flight.
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
@@ -351,16 +352,20 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
     }
   };
 
+  // Weights of step s+2 are loaded while step s is computed: three fragments in rotation (named,
+  // so that they stay in registers).
   if (s_begin < s_end) {
-    TcFrag<T, MT, RT> cur;
-    load_frag(s_begin, cur);
-    for (int64_t s = s_begin; s < s_end; ++s) {
-      TcFrag<T, MT, RT> nxt;
-      if (s + 1 < s_end) {
-        load_frag(s + 1, nxt);
-      }
-      compute(s, cur);
-      cur = nxt;
+    TcFrag<T, MT, RT> fa, fb, fc;
+    load_frag(s_begin, fa);
+    if (s_begin + 1 < s_end) load_frag(s_begin + 1, fb);
+    auto stage = [&](int64_t s, const TcFrag<T, MT, RT>& use, TcFrag<T, MT, RT>& refill) {
+      if (s + 2 < s_end) load_frag(s + 2, refill);
+      if (s < s_end) compute(s, use);
+    };
+    for (int64_t s = s_begin; s < s_end; s += 3) {
+      stage(s, fa, fc);
+      stage(s + 1, fb, fa);
+      stage(s + 2, fc, fb);
     }
   }
 
@@ -396,7 +401,37 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
 // kVec: lanes take 16-byte chunks (32 values); else single bytes. Exact decode through the shared
 // format functions.
 
-template <typename XT, bool kVec>
+// Eight consecutive x values as float (16- or 32-byte aligned).
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ float half_bits_to_float(uint32_t b, __half*) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+}
+__device__ __forceinline__ float half_bits_to_float(uint32_t b, __nv_bfloat16*) {
+  return __uint_as_float(b << 16);
+}
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = half_bits_to_float(w[i] & 0xFFFFu, static_cast<T*>(nullptr));
+    v[2 * i + 1] = half_bits_to_float(w[i] >> 16, static_cast<T*>(nullptr));
+  }
+}
+
+// Exact E2M1 value of a code: the magnitude bits as a float's low exponent / high mantissa bits
+// give value * 2^-126 (subnormal for the codes 0 and 1), times 2^126.
+__device__ __forceinline__ float e2m1_fast(uint32_t code) {
+  return __uint_as_float(((code & 7u) << 22) | ((code & 8u) << 28)) * 0x1p126f;
+}
+
+template <typename XT, bool kVec, int R>
 __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16Args a) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -410,16 +445,16 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
   const XT* x = static_cast<const XT*>(a.x);
   const float gs = global_scale_of(a);
 
-  for (int64_t m0 = int64_t(blockIdx.y) * kSimtRows; m0 < M; m0 += int64_t(gridDim.y) * kSimtRows) {
-    const XT* xr[kSimtRows];
+  for (int64_t m0 = int64_t(blockIdx.y) * R; m0 < M; m0 += int64_t(gridDim.y) * R) {
+    const XT* xr[R];
 #pragma unroll
-    for (int r = 0; r < kSimtRows; ++r) {
+    for (int r = 0; r < R; ++r) {
       const int64_t m = m0 + r < M ? m0 + r : M - 1;
       xr[r] = x + m * K;
     }
-    float acc[kSimtRows];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < kSimtRows; ++r) acc[r] = 0.0f;
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 
     if constexpr (kVec) {
       const int64_t nchunks = (K + 31) / 32;
@@ -450,13 +485,20 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float sc = q < 2 ? s0 : s1;
+          float wq[8];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int64_t k = k0 + 8 * q + i;
-            if (!full && k >= K) continue;
-            const float wvf = fp4::e2m1_to_float((wv[q] >> (4 * i)) & 0xFu) * sc;
+          for (int i = 0; i < 8; ++i) wq[i] = e2m1_fast(wv[q] >> (4 * i)) * sc;
 #pragma unroll
-            for (int r = 0; r < kSimtRows; ++r) acc[r] = fmaf(wvf, to_float(xr[r][k]), acc[r]);
+          for (int r = 0; r < R; ++r) {
+            float xv[8];
+            if (full) {
+              load8(xr[r] + k0 + 8 * q, xv);
+            } else {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) xv[i] = k0 + 8 * q + i < K ? to_float(xr[r][k0 + 8 * q + i]) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r] = fmaf(wq[i], xv[i], acc[r]);
           }
         }
       }
@@ -467,22 +509,22 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
         const int64_t k = 2 * b;
         const float lo = fp4::e2m1_to_float(byte & 0xFu) * sc;
 #pragma unroll
-        for (int r = 0; r < kSimtRows; ++r) acc[r] = fmaf(lo, to_float(xr[r][k]), acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(lo, to_float(xr[r][k]), acc[r]);
         if (k + 1 < K) {
           const float hi = fp4::e2m1_to_float(byte >> 4) * sc;
 #pragma unroll
-          for (int r = 0; r < kSimtRows; ++r) acc[r] = fmaf(hi, to_float(xr[r][k + 1]), acc[r]);
+          for (int r = 0; r < R; ++r) acc[r] = fmaf(hi, to_float(xr[r][k + 1]), acc[r]);
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < kSimtRows; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
     }
     if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < kSimtRows; ++r) {
+      for (int r = 0; r < R; ++r) {
         const int64_t m = m0 + r;
         if (m < M) store_from_float(a.out, a.p.out_dtype, m * N + n, finish(a, acc[r], m, n, gs));
       }
@@ -502,103 +544,93 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-template <typename OT, bool kVec>
-__global__ void __launch_bounds__(kElementwiseThreads) w4a16_dequant_kernel(const DequantArgs d) {
+// One 16-byte chunk (32 values) of row n with float decode and guarded accesses: the tail of a
+// row, and float32 outputs.
+template <typename OT>
+__device__ void dequant_chunk_generic(const DequantArgs& d, int64_t n, int64_t c) {
   const int64_t K = d.k;
   const int64_t kbytes = (K + 1) / 2;
-  OT* out = static_cast<OT*>(d.out);
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  // 16-bit outputs: the scale pairs of the tensor-core kernel, and the pair 2^7 that undoes its 2^-7.
+  const uint8_t* wrow = d.w + n * d.w_row_bytes;
+  const uint8_t* srow = d.scales + n * d.scale_row_bytes;
+  OT* dst = static_cast<OT*>(d.out) + n * K;
+  for (int i = 0; i < 32; ++i) {
+    const int64_t k = c * 32 + i;
+    if (k >= K) break;
+    const uint32_t byte = k / 2 < kbytes ? uint32_t(wrow[k / 2]) : 0u;
+    const uint32_t code = (k & 1) ? (byte >> 4) : (byte & 0xFu);
+    dst[k] = from_float<OT>(fp4::e2m1_to_float(code) * fp4::e4m3_to_float(srow[k / fp4::kBlockSize]));
+  }
+}
+
+// Grid: x = groups of kDequantChunks chunks along a row, y = rows (looping past 65535).
+// kVec (16-byte aligned rows, K % 8 == 0) with 16-bit outputs: the register decode of the
+// tensor-core kernel, all loads of a thread issued before the first use.
+template <typename OT, bool kVec>
+__global__ void __launch_bounds__(kDequantThreads) w4a16_dequant_kernel(const DequantArgs d) {
+  constexpr bool kHalf = !std::is_same_v<OT, float>;
+  constexpr int U = kDequantChunks / kDequantThreads;
+  const int64_t cpr = (d.k + 31) / 32;  // 16-byte chunks per row
   __shared__ uint32_t s_scale[256];
-  uint32_t kUnscale = 0;
-  if constexpr (!std::is_same_v<OT, float>) {
+  uint32_t unscale = 0;
+  if constexpr (kHalf) {
+    // Scale pairs as in the tensor-core kernel (value * scale * 2^-7), and the pair 2^7.
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_scale[i] = Mma16<OT>::scale_pair(fp4::e4m3_to_float(i));
-    kUnscale = Mma16<OT>::scale_pair(0x1p-112f);  // bf16: 2^-112 * 2^119; fp16 path below
-    if constexpr (std::is_same_v<OT, __half>) kUnscale = Mma16<OT>::scale_pair(1.0f);  // 1 * 2^7
+    unscale = std::is_same_v<OT, __half> ? Mma16<OT>::scale_pair(1.0f) : Mma16<OT>::scale_pair(0x1p-112f);
     __syncthreads();
   }
-  if constexpr (kVec) {
-    const int64_t cpr = (K + 31) / 32;  // 16-byte chunks per row
-    const int64_t total = d.n * cpr;
-    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-      const int64_t n = idx / cpr;
-      const int64_t c = idx - n * cpr;
-      const uint8_t* wrow = d.w + n * d.w_row_bytes;
-      const uint8_t* srow = d.scales + n * d.scale_row_bytes;
-      const int64_t k0 = c * 32;
-      const bool full = k0 + 32 <= K;
-      if constexpr (!std::is_same_v<OT, float>) {
-        if (full) {
-          // Register decode as in the tensor-core kernel (value * scale * 2^-7), times 2^7, then
-          // (k, k+4) pairs regrouped into (k, k+1) pairs for 16-byte stores.
-          using Mma = Mma16<OT>;
-          const uint4 v = load_stream16(wrow + c * 16);
-          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-          const uint32_t sp[2] = {s_scale[srow[2 * c]], s_scale[srow[2 * c + 1]]};
+  for (int64_t n = blockIdx.y; n < d.n; n += gridDim.y) {
+    const uint8_t* wrow = d.w + n * d.w_row_bytes;
+    const uint8_t* srow = d.scales + n * d.scale_row_bytes;
+    OT* orow = static_cast<OT*>(d.out) + n * d.k;
+    for (int64_t c0 = int64_t(blockIdx.x) * kDequantChunks; c0 < cpr; c0 += int64_t(gridDim.x) * kDequantChunks) {
+      if constexpr (kVec && kHalf) {
+        using Mma = Mma16<OT>;
+        uint4 v[U];
+        uint32_t sc[U][2];
+        bool fast[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t c = c0 + u * kDequantThreads + threadIdx.x;
+          fast[u] = c * 32 + 32 <= d.k;
+          if (fast[u]) {
+            v[u] = load_stream16(wrow + c * 16);
+            sc[u][0] = __ldg(srow + 2 * c);
+            sc[u][1] = __ldg(srow + 2 * c + 1);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t c = c0 + u * kDequantThreads + threadIdx.x;
+          if (!fast[u]) {
+            if (c < cpr) dequant_chunk_generic<OT>(d, n, c);
+            continue;
+          }
+          const uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+          const uint32_t sp[2] = {s_scale[sc[u][0]], s_scale[sc[u][1]]};
           uint32_t o[16];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             uint32_t pr[4];
             fp4_word<OT>(words[q], pr);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) pr[i] = Mma::mul(Mma::mul(pr[i], sp[q >> 1]), kUnscale);
+            for (int i = 0; i < 4; ++i) pr[i] = Mma::mul(Mma::mul(pr[i], sp[q >> 1]), unscale);
+            // (k, k+4) pairs -> (k, k+1) pairs.
             o[4 * q + 0] = __byte_perm(pr[0], pr[1], 0x5410);
             o[4 * q + 1] = __byte_perm(pr[2], pr[3], 0x5410);
             o[4 * q + 2] = __byte_perm(pr[0], pr[1], 0x7632);
             o[4 * q + 3] = __byte_perm(pr[2], pr[3], 0x7632);
           }
-          uint4* dst = reinterpret_cast<uint4*>(out + n * K + k0);
+          uint4* dst = reinterpret_cast<uint4*>(orow + c * 32);
 #pragma unroll
           for (int i = 0; i < 4; ++i) dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
-          continue;
-        }
-      }
-      uint32_t wv[4];
-      if (full) {
-        const uint4 v = load_stream16(wrow + c * 16);
-        wv[0] = v.x;
-        wv[1] = v.y;
-        wv[2] = v.z;
-        wv[3] = v.w;
-      } else {
-        for (int q = 0; q < 4; ++q) {
-          uint32_t word = 0;
-          for (int i = 0; i < 4; ++i) {
-            const int64_t b = c * 16 + 4 * q + i;
-            word |= (b < kbytes ? uint32_t(wrow[b]) : 0u) << (8 * i);
-          }
-          wv[q] = word;
-        }
-      }
-      const float s0 = fp4::e4m3_to_float(srow[2 * c]);
-      const float s1 = 2 * c + 1 < d.scale_row_bytes ? fp4::e4m3_to_float(srow[2 * c + 1]) : 0.0f;
-      OT vals[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const float sc = i < 16 ? s0 : s1;
-        vals[i] = from_float<OT>(fp4::e2m1_to_float((wv[i / 8] >> (4 * (i % 8))) & 0xFu) * sc);
-      }
-      OT* dst = out + n * K + k0;
-      if (full) {
-        constexpr int kPerVec = 16 / sizeof(OT);
-#pragma unroll
-        for (int v = 0; v < 32 / kPerVec; ++v) {
-          reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(&vals[v * kPerVec]);
         }
       } else {
-        for (int i = 0; i < 32 && k0 + i < K; ++i) dst[i] = vals[i];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t c = c0 + u * kDequantThreads + threadIdx.x;
+          if (c < cpr) dequant_chunk_generic<OT>(d, n, c);
+        }
       }
-    }
-  } else {
-    const int64_t total = d.n * kbytes;
-    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-      const int64_t n = idx / kbytes;
-      const int64_t b = idx - n * kbytes;
-      const uint32_t byte = d.w[n * d.w_row_bytes + b];
-      const float sc = fp4::e4m3_to_float(d.scales[n * d.scale_row_bytes + b / 8]);
-      const int64_t k = 2 * b;
-      out[n * K + k] = from_float<OT>(fp4::e2m1_to_float(byte & 0xFu) * sc);
-      if (k + 1 < K) out[n * K + k + 1] = from_float<OT>(fp4::e2m1_to_float(byte >> 4) * sc);
     }
   }
 }
@@ -643,8 +675,8 @@ CUfunction tc_func_rt(bool vec) {
 template <typename T>
 CUfunction tc_func_t(int mt, int rt, bool vec) {
   switch (mt) {
-    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : rt == 2 ? tc_func_rt<T, 1, 2>(vec) : tc_func_rt<T, 1, 4>(vec);
-    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : rt == 2 ? tc_func_rt<T, 2, 2>(vec) : tc_func_rt<T, 2, 4>(vec);
+    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : tc_func_rt<T, 1, 2>(vec);
+    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : tc_func_rt<T, 2, 2>(vec);
     case 4: return rt == 1 ? tc_func_rt<T, 4, 1>(vec) : tc_func_rt<T, 4, 2>(vec);
     default: return tc_func_rt<T, 8, 1>(vec);
   }
@@ -664,7 +696,7 @@ bool parse_tc(const char* s, TcConfig& cfg) {
   int mt = 0, rt = 0, kw = 0;
   if (!s || std::sscanf(s, "%d,%d,%d", &mt, &rt, &kw) != 3) return false;
   if (mt != 1 && mt != 2 && mt != 4 && mt != 8) return false;
-  if (rt != 1 && rt != 2 && rt != 4) return false;
+  if (rt != 1 && rt != 2) return false;
   if (mt * rt > 8 || kw < 1 || kw > kMaxWarpsPerBlock) return false;
   cfg = TcConfig{mt, rt, kw};
   return true;
@@ -739,22 +771,20 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec) {
   return l;
 }
 
+template <typename XT>
+CUfunction simt_func(bool vec, int rows) {
+  if (rows == 1) return vec ? func_of(w4a16_simt_kernel<XT, true, 1>) : func_of(w4a16_simt_kernel<XT, false, 1>);
+  return vec ? func_of(w4a16_simt_kernel<XT, true, kSimtRows>) : func_of(w4a16_simt_kernel<XT, false, kSimtRows>);
+}
+
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec) {
   Launch l;
-  switch (p.x_dtype) {
-    case fp4::kDtypeF32:
-      l.func = vec ? func_of(w4a16_simt_kernel<float, true>) : func_of(w4a16_simt_kernel<float, false>);
-      break;
-    case fp4::kDtypeF16:
-      l.func = vec ? func_of(w4a16_simt_kernel<__half, true>) : func_of(w4a16_simt_kernel<__half, false>);
-      break;
-    default:
-      l.func = vec ? func_of(w4a16_simt_kernel<__nv_bfloat16, true>)
-                   : func_of(w4a16_simt_kernel<__nv_bfloat16, false>);
-      break;
-  }
+  const int rows = p.m == 1 ? 1 : kSimtRows;  // one row of x: no redundant passes
+  l.func = p.x_dtype == fp4::kDtypeF32   ? simt_func<float>(vec, rows)
+           : p.x_dtype == fp4::kDtypeF16 ? simt_func<__half>(vec, rows)
+                                         : simt_func<__nv_bfloat16>(vec, rows);
   const int64_t gx = ceil_div(p.n, kSimtWarps);
-  int64_t gy = ceil_div(p.m, kSimtRows);
+  int64_t gy = ceil_div(p.m, rows);
   if (gy > 65535) gy = 65535;  // the kernel loops over the remaining rows of x
   if (gx > 0x7FFFFFFF) throw std::runtime_error("[W4A16Matmul] CUDA backend: N too large");
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
@@ -776,9 +806,10 @@ Launch dequant_launch(const DequantArgs& d, bool vec) {
                    : func_of(w4a16_dequant_kernel<__nv_bfloat16, false>);
       break;
   }
-  const int64_t items = vec ? d.n * ceil_div(d.k, 32) : d.n * ceil_div(d.k, 2);
-  l.grid = dim3(grid_for_elements(items), 1, 1);
-  l.block = dim3(kElementwiseThreads, 1, 1);
+  const int64_t gx = ceil_div(ceil_div(d.k, 32), kDequantChunks);
+  const int64_t gy = d.n < 65535 ? d.n : 65535;
+  l.grid = dim3(static_cast<unsigned>(gx < 65535 ? gx : 65535), static_cast<unsigned>(gy > 0 ? gy : 1), 1);
+  l.block = dim3(kDequantThreads, 1, 1);
   return l;
 }
 
@@ -788,6 +819,32 @@ Launch epilogue_launch(const fp4::W4A16Problem& p) {
   l.grid = dim3(grid_for_elements(p.m * p.n), 1, 1);
   l.block = dim3(kElementwiseThreads, 1, 1);
   return l;
+}
+
+void preload_kernels() {
+  // With lazy module loading (the CUDA 12+ default) a kernel is loaded on first use, which costs
+  // milliseconds; do it once for all of them instead of on the first call of each shape.
+  for (int dt : {fp4::kDtypeBF16, fp4::kDtypeF16, fp4::kDtypeF32}) {
+    fp4::W4A16Problem p{};
+    p.m = p.n = p.k = 1;
+    p.x_dtype = dt;
+    for (bool vec : {true, false}) {
+      if (dt != fp4::kDtypeF32) {
+        for (int mt : {1, 2, 4, 8})
+          for (int rt : {1, 2})
+            if (mt * rt <= 8) tc_launch(p, TcConfig{mt, rt, 1}, vec);
+      }
+      simt_launch(p, vec);
+      p.m = 2;
+      simt_launch(p, vec);
+      p.m = 1;
+      DequantArgs d{};
+      d.n = d.k = 1;
+      d.out_dtype = dt;
+      dequant_launch(d, vec);
+    }
+  }
+  epilogue_launch(fp4::W4A16Problem{});
 }
 
 const float* device_constant_zero() {

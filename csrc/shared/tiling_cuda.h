@@ -14,14 +14,17 @@ enum : int {
   kLaneBytes = 16,          // packed weight bytes per lane, row and step (one 16-byte load)
   kMaxWarpsPerBlock = 8,    // warps of a block split K, then reduce through shared memory
   kMaxColTiles = 8,         // at most 8 x-row tiles of 8 (64 rows of x) per block
-  kMaxRowTiles = 4,         // at most 4 weight-row tiles of 16 per warp (and MT * RT <= 8)
+  kMaxRowTiles = 2,         // at most 2 weight-row tiles of 16 per warp (and MT * RT <= 8)
 
   // SIMT kernel (float32 x and the generic path): one warp per weight row, 4 x rows per pass.
   kSimtWarps = 8,
   kSimtRows = 4,
 
-  // Element-wise kernels (dequantize, epilogue): threads per block.
+  // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
+  // Dequantize: threads per block, 16-byte chunks (32 values) per block and row pass.
+  kDequantThreads = 128,
+  kDequantChunks = 256,
 };
 
 }  // namespace cuda_tiling
