@@ -10,7 +10,7 @@ the tolerance table of tests/common.py.
 
 Profiles:
   * default (CI): derandomized (a fixed seed), MLX_FP4_HYPOTHESIS_CI_EXAMPLES examples per device
-    (default 300: about 15 s on 2 cores);
+    (default 1000: about 6 s on 2 cores);
   * MLX_FP4_HYPOTHESIS_EXAMPLES=10000: that many examples per device, random seed
     (reproduce a failure with the printed `--hypothesis-seed` / @reproduce_failure blob).
   * MLX_FP4_HYPOTHESIS_REPORT=path.json: write {device: examples run} at the end of the module.
@@ -41,7 +41,7 @@ from common import (
 )
 
 _BIG = int(os.environ.get("MLX_FP4_HYPOTHESIS_EXAMPLES", "0"))
-_CI = int(os.environ.get("MLX_FP4_HYPOTHESIS_CI_EXAMPLES", "300"))
+_CI = int(os.environ.get("MLX_FP4_HYPOTHESIS_CI_EXAMPLES", "1000"))
 
 _SETTINGS = settings(
     max_examples=_BIG or _CI,

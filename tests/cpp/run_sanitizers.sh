@@ -87,8 +87,13 @@ for v in "${VARIANTS[@]}"; do
   t0=$(date +%s)
   for f in "${SOURCES[@]}" tests/cpp/test_cpu_kernel.cpp; do
     o="$out/$(basename "${f%.cpp}").o"
+    extra=""
+    # A file whose hot loops opt out of ASan (no_sanitize_address) while GCC inlines instrumented
+    # helpers into them is left with stale use-after-scope poison on the stack (a false report in
+    # the next instrumented frame, e.g. avx512::hsum): compile such files without scope checks.
+    if [[ $v == asan ]] && grep -q "no_sanitize_address" "$f"; then extra="-fno-sanitize-address-use-after-scope"; fi
     # shellcheck disable=SC2046
-    $CXX $COMMON ${FLAGS[$v]} $(isa_flags "$f") -c "$f" -o "$o" &
+    $CXX $COMMON ${FLAGS[$v]} $extra $(isa_flags "$f") -c "$f" -o "$o" &
     pids+=($!)
     objs+=("$o")
   done
