@@ -538,16 +538,50 @@ void run_bench(bool quick) {
   }
 }
 
+// A few launches of chosen kernels on 8192 x 8192, for a profiler (ncu -k regex:...).
+void run_profile() {
+  const int64_t N = 8192, K = 8192, wrb = K / 2, srb = K / 16;
+  DevBuf dw(N * wrb), ds(N * srb), dx(64 * K * 2), dout(64 * N * 4), wd(N * K * 2);
+  CK(cudaMemset(dw.p, 0x35, dw.bytes));
+  CK(cudaMemset(ds.p, 0x38, ds.bytes));
+  CK(cudaMemset(dx.p, 0x3c, dx.bytes));
+  for (int64_t M : {1, 16}) {
+    fp4::W4A16Problem p{};
+    p.m = M;
+    p.n = N;
+    p.k = K;
+    p.w_row_bytes = wrb;
+    p.scale_row_bytes = srb;
+    p.x_dtype = fp4::kDtypeBF16;
+    p.out_dtype = fp4::kDtypeBF16;
+    W4A16Args a{};
+    a.x = dx.p;
+    a.w = static_cast<const uint8_t*>(dw.p);
+    a.scales = static_cast<const uint8_t*>(ds.p);
+    a.out = dout.p;
+    a.p = p;
+    const Plan plan = plan_w4a16(p, g_dev, true, nullptr, nullptr);
+    for (int i = 0; i < 2; ++i) run_path(Path::kTensorCore, plan.tc, a, nullptr, nullptr, 0);
+    if (M == 1) {
+      for (int i = 0; i < 2; ++i) run_path(Path::kSimt, plan.tc, a, nullptr, nullptr, 0);
+      DequantArgs d{a.w, a.scales, wd.p, N, K, wrb, srb, fp4::kDtypeBF16};
+      for (int i = 0; i < 2; ++i) launch(dequant_launch(d, true), &d, 0);
+    }
+  }
+  CK(cudaDeviceSynchronize());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool check = false, bench = false, quick = false;
+  bool check = false, bench = false, quick = false, profile = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
     if (!std::strcmp(argv[i], "bench")) bench = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
-  if (!check && !bench) check = bench = true;
+  if (!check && !bench && !profile) check = bench = true;
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
   CK(cudaDeviceGetAttribute(&g_dev.sm_count, cudaDevAttrMultiProcessorCount, 0));
@@ -561,6 +595,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_ws = new DevBuf(kWsBytes);
+  if (profile) run_profile();
   if (check) run_checks(quick);
   if (bench) run_bench(quick);
   std::printf("failures,%d\n", g_failures);
