@@ -12,7 +12,8 @@
 #              (MLX_FP4_CUDA_PATH=tc|simt|dequant); TEST_PATHS="auto tc" limits that list
 #   bench      python -m mlx_fp4.bench --device gpu on 8192x8192, M in {1, 8, 16, 64, 256, 2048, 8192}
 #   kbench     the harness's timing sweep (kernel time per path and tile configuration)
-#   fullbench  python -m mlx_fp4.bench --device gpu (full grid; JSON + PNG + table in $OUT/bench)
+#   fullbench  python -m mlx_fp4.bench --device gpu on 8192x8192, 14336x4096, 4096x14336, M = 1..8192
+#              (JSON + PNG + table in $OUT/bench; BENCH_ARGS adds options)
 #   sanitizer  compute-sanitizer memcheck over the kernel harness checks and the GPU matmul tests
 #
 # Environment: PY (python with mlx[cuda13]==0.32.4 and nanobind 3.x, default python3),
@@ -119,7 +120,11 @@ step_bench() {
   PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu --no-progress --no-plot --shapes 8192x8192 \
     --m 1 8 16 64 256 2048 8192 --out "$OUT/bench-quick"
 }
-step_fullbench() { PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu --no-progress --out "$OUT/bench"; }
+# The three shapes over the whole M sweep; BENCH_ARGS adds options (e.g. --repeats 5).
+step_fullbench() {
+  PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu --no-progress --out "$OUT/bench" \
+    --shapes 8192x8192 14336x4096 4096x14336 ${BENCH_ARGS:-}
+}
 
 step_sanitizer() {
   local rc=0

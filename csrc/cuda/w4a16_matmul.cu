@@ -352,20 +352,18 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
     }
   };
 
-  // Weights of step s+2 are loaded while step s is computed: three fragments in rotation (named,
-  // so that they stay in registers).
+  // Weights of step s+1 are loaded while step s is computed; the L2::256B hint of the loads
+  // already brings the next steps of each row into L2. The step loop stays rolled: the unrolled
+  // body is large and instruction-cache misses were the main stall (ncu) with three copies of it.
   if (s_begin < s_end) {
-    TcFrag<T, MT, RT> fa, fb, fc;
-    load_frag(s_begin, fa);
-    if (s_begin + 1 < s_end) load_frag(s_begin + 1, fb);
-    auto stage = [&](int64_t s, const TcFrag<T, MT, RT>& use, TcFrag<T, MT, RT>& refill) {
-      if (s + 2 < s_end) load_frag(s + 2, refill);
-      if (s < s_end) compute(s, use);
-    };
-    for (int64_t s = s_begin; s < s_end; s += 3) {
-      stage(s, fa, fc);
-      stage(s + 1, fb, fa);
-      stage(s + 2, fc, fb);
+    TcFrag<T, MT, RT> cur;
+    load_frag(s_begin, cur);
+#pragma unroll 1
+    for (int64_t s = s_begin; s < s_end; ++s) {
+      TcFrag<T, MT, RT> nxt;
+      if (s + 1 < s_end) load_frag(s + 1, nxt);
+      compute(s, cur);
+      cur = nxt;
     }
   }
 
@@ -544,32 +542,16 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// One 16-byte chunk (32 values) of row n with float decode and guarded accesses: the tail of a
-// row, and float32 outputs.
-template <typename OT>
-__device__ void dequant_chunk_generic(const DequantArgs& d, int64_t n, int64_t c) {
-  const int64_t K = d.k;
-  const int64_t kbytes = (K + 1) / 2;
-  const uint8_t* wrow = d.w + n * d.w_row_bytes;
-  const uint8_t* srow = d.scales + n * d.scale_row_bytes;
-  OT* dst = static_cast<OT*>(d.out) + n * K;
-  for (int i = 0; i < 32; ++i) {
-    const int64_t k = c * 32 + i;
-    if (k >= K) break;
-    const uint32_t byte = k / 2 < kbytes ? uint32_t(wrow[k / 2]) : 0u;
-    const uint32_t code = (k & 1) ? (byte >> 4) : (byte & 0xFu);
-    dst[k] = from_float<OT>(fp4::e2m1_to_float(code) * fp4::e4m3_to_float(srow[k / fp4::kBlockSize]));
-  }
-}
-
-// Grid: x = groups of kDequantChunks chunks along a row, y = rows (looping past 65535).
-// kVec (16-byte aligned rows, K % 8 == 0) with 16-bit outputs: the register decode of the
-// tensor-core kernel, all loads of a thread issued before the first use.
+// Grid: x = groups of kDequantThreads * kDequantWords words (8 values) along a row, y = rows
+// (looping past 65535). Lane l of a block handles words base + u * kDequantThreads + l, so each
+// load instruction reads 4 contiguous bytes per lane and each store writes 16 contiguous bytes per
+// lane (ncu: with 64 bytes per thread, the strided 16-byte stores made L2 the bottleneck).
+// kVec (K % 8 == 0, aligned rows) with 16-bit outputs: the register decode of the tensor-core
+// kernel; otherwise the float decode with guarded accesses.
 template <typename OT, bool kVec>
 __global__ void __launch_bounds__(kDequantThreads) w4a16_dequant_kernel(const DequantArgs d) {
   constexpr bool kHalf = !std::is_same_v<OT, float>;
-  constexpr int U = kDequantChunks / kDequantThreads;
-  const int64_t cpr = (d.k + 31) / 32;  // 16-byte chunks per row
+  const int64_t wpr = (d.k + 7) / 8;  // words of 8 values per row
   __shared__ uint32_t s_scale[256];
   uint32_t unscale = 0;
   if constexpr (kHalf) {
@@ -578,57 +560,51 @@ __global__ void __launch_bounds__(kDequantThreads) w4a16_dequant_kernel(const De
     unscale = std::is_same_v<OT, __half> ? Mma16<OT>::scale_pair(1.0f) : Mma16<OT>::scale_pair(0x1p-112f);
     __syncthreads();
   }
+  constexpr int U = kDequantWords;
   for (int64_t n = blockIdx.y; n < d.n; n += gridDim.y) {
     const uint8_t* wrow = d.w + n * d.w_row_bytes;
     const uint8_t* srow = d.scales + n * d.scale_row_bytes;
     OT* orow = static_cast<OT*>(d.out) + n * d.k;
-    for (int64_t c0 = int64_t(blockIdx.x) * kDequantChunks; c0 < cpr; c0 += int64_t(gridDim.x) * kDequantChunks) {
+    for (int64_t base = int64_t(blockIdx.x) * (kDequantThreads * U); base < wpr;
+         base += int64_t(gridDim.x) * (kDequantThreads * U)) {
       if constexpr (kVec && kHalf) {
         using Mma = Mma16<OT>;
-        uint4 v[U];
-        uint32_t sc[U][2];
-        bool fast[U];
+        uint32_t wv[U], sv[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int64_t c = c0 + u * kDequantThreads + threadIdx.x;
-          fast[u] = c * 32 + 32 <= d.k;
-          if (fast[u]) {
-            v[u] = load_stream16(wrow + c * 16);
-            sc[u][0] = __ldg(srow + 2 * c);
-            sc[u][1] = __ldg(srow + 2 * c + 1);
+          const int64_t j = base + u * kDequantThreads + threadIdx.x;
+          if (j < wpr) {
+            wv[u] = __ldg(reinterpret_cast<const uint32_t*>(wrow) + j);
+            sv[u] = __ldg(srow + (j >> 1));
           }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int64_t c = c0 + u * kDequantThreads + threadIdx.x;
-          if (!fast[u]) {
-            if (c < cpr) dequant_chunk_generic<OT>(d, n, c);
-            continue;
-          }
-          const uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-          const uint32_t sp[2] = {s_scale[sc[u][0]], s_scale[sc[u][1]]};
-          uint32_t o[16];
+          const int64_t j = base + u * kDequantThreads + threadIdx.x;
+          if (j >= wpr) continue;
+          uint32_t pr[4];
+          fp4_word<OT>(wv[u], pr);
+          const uint32_t sp = s_scale[sv[u]];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            uint32_t pr[4];
-            fp4_word<OT>(words[q], pr);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pr[i] = Mma::mul(Mma::mul(pr[i], sp[q >> 1]), unscale);
-            // (k, k+4) pairs -> (k, k+1) pairs.
-            o[4 * q + 0] = __byte_perm(pr[0], pr[1], 0x5410);
-            o[4 * q + 1] = __byte_perm(pr[2], pr[3], 0x5410);
-            o[4 * q + 2] = __byte_perm(pr[0], pr[1], 0x7632);
-            o[4 * q + 3] = __byte_perm(pr[2], pr[3], 0x7632);
-          }
-          uint4* dst = reinterpret_cast<uint4*>(orow + c * 32);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+          for (int i = 0; i < 4; ++i) pr[i] = Mma::mul(Mma::mul(pr[i], sp), unscale);
+          // (k, k+4) pairs -> (k, k+1) pairs.
+          reinterpret_cast<uint4*>(orow)[j] =
+              make_uint4(__byte_perm(pr[0], pr[1], 0x5410), __byte_perm(pr[2], pr[3], 0x5410),
+                         __byte_perm(pr[0], pr[1], 0x7632), __byte_perm(pr[2], pr[3], 0x7632));
         }
       } else {
+        const int64_t kbytes = (d.k + 1) / 2;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int64_t c = c0 + u * kDequantThreads + threadIdx.x;
-          if (c < cpr) dequant_chunk_generic<OT>(d, n, c);
+          const int64_t j = base + u * kDequantThreads + threadIdx.x;
+          if (j >= wpr) continue;
+          for (int i = 0; i < 8; ++i) {
+            const int64_t k = 8 * j + i;
+            if (k >= d.k) break;
+            const uint32_t byte = k / 2 < kbytes ? uint32_t(wrow[k / 2]) : 0u;
+            const uint32_t code = (k & 1) ? (byte >> 4) : (byte & 0xFu);
+            orow[k] = from_float<OT>(fp4::e2m1_to_float(code) * fp4::e4m3_to_float(srow[k / fp4::kBlockSize]));
+          }
         }
       }
     }
@@ -715,20 +691,18 @@ namespace {
 constexpr int64_t kTcMaxM = 32;
 constexpr int64_t kSimtMaxM = 32;
 
-// Rows per warp (rt): 4 tiles of 16 rows when there are enough row blocks to give every SM one, so
-// that each x fragment feeds 4 weight tiles (x is re-read from L2 by every block). Warps per block
-// (kw) split K until the GPU holds about 16 warps per SM.
+// One tile of 16 rows per warp (rt = 1: fewer registers, more warps per SM, the fastest on every
+// shape of the H200 sweep). Warps per block (kw) split K until the GPU holds about 8-16 warps per
+// SM, with at least 4 steps of K per warp.
 TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   TcConfig c;
   const int64_t m = p.m;
   c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-  const int max_rt = 8 / c.mt < kMaxRowTiles ? 8 / c.mt : kMaxRowTiles;
-  c.rt = 1;
-  while (c.rt < max_rt && ceil_div(p.n, kMmaRows * c.rt * 2) >= dev.sm_count) c.rt *= 2;
+  c.rt = 1;  // measured best for every shape of the H200 sweep (docs/cuda.md)
   const int64_t blocks = ceil_div(p.m, kMmaCols * c.mt) * ceil_div(p.n, kMmaRows * c.rt);
   const int64_t nsteps = ceil_div(p.k, kStepK);
   int kw = 1;
-  while (kw < kMaxWarpsPerBlock && blocks * kw < int64_t(dev.sm_count) * 16 && nsteps >= 2 * kw) kw *= 2;
+  while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= int64_t(dev.sm_count) * 16 && nsteps >= 4 * kw) kw *= 2;
   c.kw = kw;
   return c;
 }
@@ -806,7 +780,7 @@ Launch dequant_launch(const DequantArgs& d, bool vec) {
                    : func_of(w4a16_dequant_kernel<__nv_bfloat16, false>);
       break;
   }
-  const int64_t gx = ceil_div(ceil_div(d.k, 32), kDequantChunks);
+  const int64_t gx = ceil_div(ceil_div(d.k, 8), int64_t(kDequantThreads) * kDequantWords);
   const int64_t gy = d.n < 65535 ? d.n : 65535;
   l.grid = dim3(static_cast<unsigned>(gx < 65535 ? gx : 65535), static_cast<unsigned>(gy > 0 ? gy : 1), 1);
   l.block = dim3(kDequantThreads, 1, 1);

@@ -22,9 +22,9 @@ enum : int {
 
   // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
-  // Dequantize: threads per block, 16-byte chunks (32 values) per block and row pass.
+  // Dequantize: threads per block, 32-bit words (8 values) per thread and pass.
   kDequantThreads = 128,
-  kDequantChunks = 256,
+  kDequantWords = 4,
 };
 
 }  // namespace cuda_tiling
