@@ -115,10 +115,13 @@ def test_measure_budget_logic():
         calls.append(count)
         return 1e-3 * count
 
-    cfg = timing.TimingConfig(repeats=4, budget_s=1.0, target_eval_s=0.005, max_products=8)
+    cfg = timing.TimingConfig(repeats=4, budget_s=1.0, target_eval_s=0.005, max_products=8, warmup_s=0.0)
     m = timing.measure(run, cfg)
-    assert m.status == timing.OK and m.repeats == 4 and m.products_per_eval == 5
-    assert math.isclose(m.seconds, 1e-3)
+    assert m.status == timing.OK and m.repeats == 4 and m.products_per_eval == 5 and m.warmup_evals == 1
+    assert math.isclose(m.seconds, 1e-3) and calls == [1, 5, 5, 5, 5]
+    calls.clear()
+    m = timing.measure(run, timing.TimingConfig(repeats=2, budget_s=1.0, max_products=8, warmup_s=0.05))
+    assert m.warmup_evals >= 2 and calls[0] == 1 and set(calls[1:]) == {5}  # warm-up continues batched
     calls.clear()
     assert timing.measure(run, cfg, predicted_s=2.0).status == timing.SKIPPED_BUDGET and not calls
     one = timing.measure(run, cfg, predicted_s=0.7)  # room for one product: no warm-up

@@ -22,10 +22,12 @@ class TimingConfig:
     budget_s: float = 30.0  # wall-time cap per (point, implementation); inf disables skipping
     target_eval_s: float = 0.005  # grow products per eval until one eval lasts this long
     max_products: int = 32  # most independent products evaluated by one mx.eval
+    warmup_s: float = 0.25  # keep warming up (batched evals) for this long when products are cheap
 
     def describe(self) -> str:
         return (
-            f"per point: one warm-up eval of 1 product (plus one of P products when cheap), then the median "
+            f"per point: warm-up (one product, then evals of P products for {self.warmup_s:g} s while cheap), "
+            f"then the median "
             f"of up to {self.repeats} timed evals; each eval runs P independent products (P = "
             f"ceil({self.target_eval_s * 1e3:g} ms / warm-up time), 1..{self.max_products}), each on the "
             f"next rotated weight copy; time per product = eval wall time / P; graph construction is outside "
@@ -49,6 +51,10 @@ class Measurement:
         return asdict(self)
 
 
+def _products(cfg: TimingConfig, per_product: float) -> int:
+    return max(1, min(cfg.max_products, math.ceil(cfg.target_eval_s / max(per_product, 1e-9))))
+
+
 def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optional[float] = None) -> Measurement:
     """Time one (point, implementation) with ``run(count) -> seconds for count products``."""
     start = time.perf_counter()
@@ -66,14 +72,19 @@ def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optiona
         res.wall_s = time.perf_counter() - start
         return res
 
-    t_warm = run(1)
+    # Warm-up: one product, then batched evals until warmup_s has passed (while they stay cheap),
+    # so transients (thread wake-up, other libraries' spinning threads) settle before the clock.
+    per_product = run(1)
     res.warmup_evals = 1
-    products = max(1, min(cfg.max_products, math.ceil(cfg.target_eval_s / max(t_warm, 1e-9))))
-    per_product = t_warm
-    if t_warm * products < 0.1 * budget and products > 1:
-        # Second warm-up at the batched size; its estimate is closer to the steady state.
+    products = _products(cfg, per_product)
+    while True:
+        elapsed = time.perf_counter() - start
+        if elapsed >= cfg.warmup_s or elapsed + per_product * products > 0.2 * budget:
+            break
         per_product = run(products) / products
-        res.warmup_evals = 2
+        res.warmup_evals += 1
+        if res.warmup_evals == 2:
+            products = _products(cfg, per_product)  # the second estimate is past the cold start
     left = budget - (time.perf_counter() - start)
     repeats = max(1, min(cfg.repeats, int(left // max(per_product * products, 1e-12))))
     times = [run(products) / products for _ in range(repeats)]
