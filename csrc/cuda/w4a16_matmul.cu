@@ -691,14 +691,14 @@ namespace {
 constexpr int64_t kTcMaxM = 32;
 constexpr int64_t kSimtMaxM = 32;
 
-// One tile of 16 rows per warp (rt = 1: fewer registers, more warps per SM, the fastest on every
-// shape of the H200 sweep). Warps per block (kw) split K until the GPU holds about 8-16 warps per
-// SM, with at least 4 steps of K per warp.
+// Measured on the H200 (docs/cuda.md): about 2048 warps in flight is best; two weight-row tiles
+// per warp (rt = 2, x fragments reused twice) when N still gives every SM a block, and warps per
+// block (kw) splitting K up to 16 warps per SM, with at least 2 steps of K per warp.
 TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   TcConfig c;
   const int64_t m = p.m;
   c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-  c.rt = 1;  // measured best for every shape of the H200 sweep (docs/cuda.md)
+  c.rt = (c.mt * 2 <= 8 && ceil_div(p.n, 2 * kMmaRows) >= dev.sm_count) ? 2 : 1;
   const int64_t blocks = ceil_div(p.m, kMmaCols * c.mt) * ceil_div(p.n, kMmaRows * c.rt);
   const int64_t nsteps = ceil_div(p.k, kStepK);
   int kw = 1;
