@@ -212,3 +212,15 @@ def param(*values, **kw):
     import pytest
 
     return pytest.param(*values, id=case_id(**kw))
+
+
+def package_pythonpath(*extra):
+    """PYTHONPATH for a child process that must import the same mlx_fp4 as this one (the installed
+    package in CI, python/ in a development tree), plus `extra` folders."""
+    import os
+
+    import mlx_fp4
+
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(mlx_fp4.__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([parent, *map(str, extra), *rest])

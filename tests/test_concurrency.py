@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import mlx_fp4 as mx_fp4
-from common import rand_weights, rand_x, rng
+from common import package_pythonpath, rand_weights, rand_x, rng
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,9 +179,7 @@ def child_hashes(threads):
     env.pop("MLX_FP4_NUM_THREADS", None)
     if threads is not None:
         env["MLX_FP4_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python"), str(ROOT / "tests")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
+    env["PYTHONPATH"] = package_pythonpath(ROOT / "tests")
     r = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "tests")], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 import mlx_fp4 as mx_fp4
 
 import reference as ref
-from common import TOLERANCES, assert_close, error_bound
+from common import TOLERANCES, assert_close, error_bound, package_pythonpath
 
 CPU = mx.cpu
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +108,7 @@ print(json.dumps(out))
 def _run_child(env_extra):
     env = dict(os.environ)
     env.update(env_extra)
-    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = package_pythonpath()
     res = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
