@@ -117,15 +117,28 @@ def test_measure_budget_logic():
 
     cfg = timing.TimingConfig(repeats=4, budget_s=1.0, target_eval_s=0.005, max_products=8, warmup_s=0.0)
     m = timing.measure(run, cfg)
-    assert m.status == timing.OK and m.repeats == 4 and m.products_per_eval == 5 and m.warmup_evals == 1
-    assert math.isclose(m.seconds, 1e-3) and calls == [1, 5, 5, 5, 5]
+    assert m.status == timing.OK and m.repeats == 4 and m.products_per_eval == 5 and m.warmup_evals == 2
+    assert math.isclose(m.seconds, 1e-3) and calls == [1, 1, 5, 5, 5, 5]
     calls.clear()
     m = timing.measure(run, timing.TimingConfig(repeats=2, budget_s=1.0, max_products=8, warmup_s=0.05))
-    assert m.warmup_evals >= 2 and calls[0] == 1 and set(calls[1:]) == {5}  # warm-up continues batched
+    assert m.warmup_evals >= 3 and calls[:2] == [1, 1] and set(calls[2:]) == {5}  # batched warm-up
     calls.clear()
     assert timing.measure(run, cfg, predicted_s=2.0).status == timing.SKIPPED_BUDGET and not calls
-    one = timing.measure(run, cfg, predicted_s=0.7)  # room for one product: no warm-up
+    one = timing.measure(run, cfg, predicted_s=0.7)  # room for one product only: no warm-up
     assert one.status == timing.OK and calls == [1] and one.warmup_evals == 0
     ex = timing.Extrapolator()
     ex.record("k", 4, 2.0)
     assert ex.predict("k", 16) == 8.0 and ex.predict("other", 16) is None
+
+
+def test_measure_one_time_cost_is_not_planned_from():
+    """A slow first product (JIT, kernel load) neither eats the budget nor sets products per eval."""
+    calls = []
+
+    def run(count):
+        calls.append(count)
+        return 3.0 if len(calls) == 1 else 1e-4 * count
+
+    m = timing.measure(run, timing.TimingConfig(repeats=3, budget_s=4.0, max_products=32, warmup_s=0.0))
+    assert m.status == timing.OK and m.products_per_eval == 32 and m.repeats == 3
+    assert math.isclose(m.seconds, 1e-4)

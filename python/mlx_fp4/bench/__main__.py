@@ -36,7 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--impls", nargs="+", choices=list(baselines.IMPLS), help="implementations to run (default all)")
     p.add_argument("--rotate-mb", type=float, help="rotate weight copies spanning this many MB to defeat caches "
                    "(default 2x last-level cache on cpu, 256 on gpu; 0 = one copy)")
-    p.add_argument("--max-products", type=int, default=32, help="most independent products per mx.eval")
+    p.add_argument("--max-products", type=int, help="most independent products per mx.eval (128 gpu, 32 cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     cfg = timing.TimingConfig(
         repeats=args.repeats or (5 if args.quick else (20 if device == "gpu" else 10)),
         budget_s=budget if budget > 0 else math.inf,
-        max_products=max(1, args.max_products),
+        max_products=max(1, args.max_products or (128 if device == "gpu" else 32)),
     )
     impl_names = args.impls or baselines.default_impls(device)
     if device == "gpu" and "numpy_fp32" in impl_names:
@@ -101,7 +101,9 @@ def main(argv=None) -> int:
         print("measuring GPU rooflines (copy bandwidth, dense bf16 peak) ...", flush=True)
         rooflines["bandwidth"] = baselines.gpu_copy_roofline((256 if args.quick else 1024) << 20, cfg)
         rooflines["compute"] = baselines.gpu_dense_peak(4096 if args.quick else 8192, cfg)
-        print(f"  copy {rooflines['bandwidth']['gbps']:.4g} GB/s, dense bf16 {rooflines['compute']['tflops']:.4g} TFLOP/s")
+        ways = ", ".join(f"{k} {v['gbps']:.4g}" for k, v in rooflines["bandwidth"]["ways"].items())
+        print(f"  bandwidth {rooflines['bandwidth']['gbps']:.4g} GB/s (best of {ways}), "
+              f"dense bf16 {rooflines['compute']['tflops']:.4g} TFLOP/s")
 
     from tqdm import tqdm
 

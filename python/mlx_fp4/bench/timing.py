@@ -26,13 +26,13 @@ class TimingConfig:
 
     def describe(self) -> str:
         return (
-            f"per point: warm-up (one product, then evals of P products for {self.warmup_s:g} s while cheap), "
-            f"then the median "
-            f"of up to {self.repeats} timed evals; each eval runs P independent products (P = "
-            f"ceil({self.target_eval_s * 1e3:g} ms / warm-up time), 1..{self.max_products}), each on the "
-            f"next rotated weight copy; time per product = eval wall time / P; graph construction is outside "
-            f"the clock; the clock stops after mx.eval + mx.synchronize; a point whose predicted time exceeds "
-            f"the {self.budget_s:g} s budget is reported as '{SKIPPED_BUDGET}'"
+            f"per point: one untimed product (one-time costs, not charged to the budget), a second product, "
+            f"then evals of P products for {self.warmup_s:g} s of warm-up while cheap, then the median of up to "
+            f"{self.repeats} timed evals; each eval runs P independent products (P = ceil({self.target_eval_s * 1e3:g}"
+            f" ms / time per product in warm-up), 1..{self.max_products}), each on the next rotated weight copy; "
+            f"time per product = eval wall time / P; graph construction is outside the clock; the clock stops after "
+            f"mx.eval + mx.synchronize; a point whose predicted time exceeds the {self.budget_s:g} s budget is "
+            f"reported as '{SKIPPED_BUDGET}'; a product slower than half the budget is timed once"
         )
 
 
@@ -56,7 +56,11 @@ def _products(cfg: TimingConfig, per_product: float) -> int:
 
 
 def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optional[float] = None) -> Measurement:
-    """Time one (point, implementation) with ``run(count) -> seconds for count products``."""
+    """Time one (point, implementation) with ``run(count) -> seconds for count products``.
+
+    The first product pays one-time costs (JIT compilation, kernel loading, BLAS heuristics) and is
+    not charged to the budget; P is planned from later products, never from that first one.
+    """
     start = time.perf_counter()
     res = Measurement(predicted_s=predicted_s)
     budget = cfg.budget_s
@@ -66,32 +70,42 @@ def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optiona
     if predicted_s is not None and 2.0 * predicted_s > budget:
         # Room for one product only: a single timed run, no warm-up (one-time costs are
         # negligible next to a call this slow).
-        t = run(1)
-        res.seconds = res.seconds_min = t
-        res.repeats = res.products_per_eval = 1
-        res.wall_s = time.perf_counter() - start
-        return res
+        return _single(res, run(1), start)
 
-    # Warm-up: one product, then batched evals until warmup_s has passed (while they stay cheap),
-    # so transients (thread wake-up, other libraries' spinning threads) settle before the clock.
-    per_product = run(1)
+    first = run(1)
+    if first > budget:
+        return _single(res, first, start)
+    charged = time.perf_counter()
     res.warmup_evals = 1
-    products = _products(cfg, per_product)
-    while True:
-        elapsed = time.perf_counter() - start
-        if elapsed >= cfg.warmup_s or elapsed + per_product * products > 0.2 * budget:
-            break
-        per_product = run(products) / products
-        res.warmup_evals += 1
-        if res.warmup_evals == 2:
-            products = _products(cfg, per_product)  # the second estimate is past the cold start
-    left = budget - (time.perf_counter() - start)
+    samples = []
+    per_product = run(1)
+    products = 1
+    if per_product >= max(cfg.warmup_s, cfg.target_eval_s):
+        # A slow product: the first one was the warm-up, this one is already a timed sample.
+        samples.append(per_product)
+    else:
+        # Batched warm-up evals for warmup_s (while cheap), so transients (thread wake-up, other
+        # libraries' spinning threads) settle; P is re-planned from the last of them.
+        res.warmup_evals = 2
+        products = _products(cfg, per_product)
+        while time.perf_counter() - charged < cfg.warmup_s and per_product * products < 0.1 * budget:
+            per_product = run(products) / products
+            res.warmup_evals += 1
+        products = _products(cfg, per_product)
+    left = budget - (time.perf_counter() - charged)
     repeats = max(1, min(cfg.repeats, int(left // max(per_product * products, 1e-12))))
-    times = [run(products) / products for _ in range(repeats)]
-    res.seconds = statistics.median(times)
-    res.seconds_min = min(times)
-    res.repeats = repeats
+    samples += [run(products) / products for _ in range(repeats - len(samples))]
+    res.seconds = statistics.median(samples)
+    res.seconds_min = min(samples)
+    res.repeats = len(samples)
     res.products_per_eval = products
+    res.wall_s = time.perf_counter() - start
+    return res
+
+
+def _single(res: Measurement, seconds: float, start: float) -> Measurement:
+    res.seconds = res.seconds_min = seconds
+    res.repeats = res.products_per_eval = 1
     res.wall_s = time.perf_counter() - start
     return res
 
