@@ -15,5 +15,7 @@ constexpr int kGemmPanelRows = 224;
 constexpr int kGemmChunkRows = 512;
 // GEMV: weight rows per task (tasks are handed out dynamically).
 constexpr int kGemvTaskRows = 64;
+// GEMV: how far ahead of the decode each weight row is prefetched (bytes; a few DRAM latencies).
+constexpr int kGemvPrefetchBytes = 512;
 
 }  // namespace mlx_fp4::cpu
