@@ -780,14 +780,9 @@ def quantize(
         for i, p in enumerate(paths):
             amax[p] = total[i]
 
-    it = todo
-    if progress and todo:
-        try:
-            from tqdm import tqdm
+    from .nn import progress_bar
 
-            it = tqdm(todo, desc="mlx_fp4: quantizing shards", unit="layer")
-        except ImportError:  # pragma: no cover
-            pass
+    it = progress_bar(todo, "mlx_fp4: quantizing shards", progress)
     converted = []
     for path, m, kind, sharding, gs in it:
         cls = _CLASSES[sharding]

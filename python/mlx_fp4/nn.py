@@ -539,6 +539,15 @@ def _convert(m: nn.Module, params: dict, path: str) -> nn.Module:
     )
 
 
+
+def progress_bar(items, desc, enabled=True):
+    """`items` wrapped in a tqdm bar over layers (tqdm is a dependency), or as is."""
+    if not (enabled and items):
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="layer")
+
 def quantize(
     model: nn.Module,
     *,
@@ -580,14 +589,7 @@ def quantize(
             )
         todo.append((path, m, params))
 
-    it = todo
-    if progress and todo:
-        try:
-            from tqdm import tqdm
-
-            it = tqdm(todo, desc="mlx_fp4: quantizing", unit="layer")
-        except ImportError:  # pragma: no cover
-            pass
+    it = progress_bar(todo, "mlx_fp4: quantizing", progress)
     converted = []
     for path, m, params in it:
         new = _convert(m, params, path)
