@@ -5,6 +5,9 @@ namespace mlx_fp4::cpu {
 
 // Rows up to this use the GEMV path (weights streamed once for all rows, decoded in registers).
 constexpr int kGemvMaxRows = 8;
+// GEMV: activation rows per pass over a task's weight rows (measured, cold 4096^2: M=8 as two passes
+// of 4 took 2.7-3.0 ms, one pass of 8 3.6 ms; as passes of 4, M=16 did not beat the GEMM path).
+constexpr int kGemvPassRows = 4;
 // GEMM: depth of one decoded weight panel (floats per panel row; a compile-time row stride of the
 // micro kernel). A multiple of every chunk size (2 * kVec <= 32).
 constexpr int kGemmDepth = 256;

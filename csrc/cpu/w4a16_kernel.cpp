@@ -149,14 +149,18 @@ void run_gemv(const fp4::W4A16Problem& p, const Buffers& b) {
     a.s = b.scales;
     a.lds = p.scale_row_bytes;
     a.k = p.k;
-    a.x = xs.data();
     a.kp = kp;
-    a.rows = rows;
     a.n0 = task * kGemvTaskRows;
     a.n1 = std::min(p.n, a.n0 + kGemvTaskRows);
-    a.y = y.data();
     a.ldy = p.n;
-    h.gemv(a);
+    // Passes of at most kGemvPassRows activation rows: more live rows would leave fewer weight
+    // rows per pass in registers. The task's weight rows stay in L2 between passes.
+    for (int r0 = 0; r0 < rows; r0 += kGemvPassRows) {
+      a.rows = std::min(kGemvPassRows, rows - r0);
+      a.x = xs.data() + r0 * kp;
+      a.y = y.data() + static_cast<int64_t>(r0) * p.n;
+      h.gemv(a);
+    }
     for (int r = 0; r < rows; ++r) finish(p, b, r, a.n0, a.n1 - a.n0, y.data() + r * p.n + a.n0);
   });
 }
