@@ -1,0 +1,60 @@
+"""
+mlx_fp4 C++ extension: NVFP4 (E2M1 + E4M3 block scales) W4A16 ops for MLX.
+"""
+
+import mlx.core
+
+
+def w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array:
+    """
+    W4A16 matmul: ``epilogue(global_scale * (x @ dequantize(w, scales).T))``.
+
+    Args:
+        x: activations ``[..., K]``, float16, bfloat16 or float32.
+        w: packed FP4 E2M1 weights, uint8 ``[N, ceil(K/2)]`` (low nibble = even k) or MLX's
+           uint32 ``[N, ceil(K/8)]`` (as returned by ``mx.quantize(..., mode="nvfp4")``).
+        scales: uint8 ``[N, ceil(K/16)]``, E4M3 bits, one per 16 weights along K.
+        global_scale: optional per-tensor multiplier (Python float or float32 scalar array),
+           applied once in fp32 to the accumulator.
+        epilogue: optional list of ops applied in order in fp32 before the final cast:
+           ``("add", t)``, ``("mul", t)``, ``("scale", c)``, ``"relu"``, ``"silu"``, ``"gelu"``,
+           ``"gelu_approx"``, ``"sigmoid"``, ``"tanh"``, ``("clamp", lo, hi)``; ``t`` broadcasts to
+           the output (``[N]``, ``[..., 1]``, ``[..., N]``) or is a Python float.
+        out_dtype: float16, bfloat16 or float32; default ``x.dtype``.
+        stream: stream or device.
+
+    Returns:
+        ``[..., N]`` array in ``out_dtype``. Differentiable with respect to ``x`` and the
+        epilogue operands.
+    """
+
+def w4a16_matmul_reference_ops(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, global_scale: mlx.core.array | float | None = None, epilogue: object | None = None, out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """
+    The same math as w4a16_matmul with plain MLX ops (dequantize, fp32 matmul, epilogue).
+    """
+
+def quantize(w: mlx.core.array, *, global_scale: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
+    """
+    Quantize ``w [N, K]`` to NVFP4.
+
+    Returns:
+        ``(packed, scales)``: uint8 ``[N, ceil(K/2)]`` (low nibble = even k, padding nibbles 0)
+        and uint8 ``[N, ceil(K/16)]`` E4M3 bits (block amax / 6, round-to-nearest-even,
+        saturating at 448); values rounded to E2M1 nearest-even. With ``global_scale=True`` also
+        ``gs``, a float32 scalar multiplier amax(|w|) / 2688 (ModelOpt convention):
+        ``w ~= dequantize(packed, scales) * gs``.
+    """
+
+def dequantize(packed: mlx.core.array, scales: mlx.core.array, *, k: int | None = None, global_scale: mlx.core.array | float | None = None, dtype: mlx.core.Dtype = ..., stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """
+    Decode NVFP4 weights to ``[N, k]`` (``k`` defaults to ``2 * packed bytes per row``).
+
+    Exact in bfloat16, float16 and float32 without a global scale; a global scale is applied in
+    fp32 before the one cast. E4M3 codes 0x7F and 0xFF are NaN.
+    """
+
+EPILOGUE_OPS: dict = ...
+
+def build_info() -> dict: ...
+
+def cpu_info() -> dict: ...
