@@ -106,12 +106,11 @@ std::vector<EpilogueSpec> W4A16Matmul::epilogue_specs(const std::vector<mx::arra
 namespace {
 
 // Differentiable inputs: x and the operands. Returns their positions in the primal list.
-std::vector<int> differentiable_positions(const W4A16Matmul& p, size_t num_inputs) {
+std::vector<int> differentiable_positions(const W4A16Matmul& p) {
   std::vector<int> pos = {kInputX};
   for (size_t i = 0; i < p.operand_kinds().size(); ++i) {
     pos.push_back(p.operand_input_index(static_cast<int>(i)));
   }
-  (void)num_inputs;
   return pos;
 }
 
@@ -156,7 +155,7 @@ std::vector<mx::array> W4A16Matmul::vjp(
     const std::vector<int>& argnums,
     const std::vector<mx::array>&) {
   check_argnums(*this, argnums);
-  auto pos = differentiable_positions(*this, primals.size());
+  auto pos = differentiable_positions(*this);
   std::vector<mx::array> args;
   for (int i : pos) {
     args.push_back(primals[i]);
@@ -176,7 +175,7 @@ std::vector<mx::array> W4A16Matmul::jvp(
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
   check_argnums(*this, argnums);
-  auto pos = differentiable_positions(*this, primals.size());
+  auto pos = differentiable_positions(*this);
   std::vector<mx::array> args;
   std::vector<mx::array> tans;
   for (int i : pos) {
