@@ -185,6 +185,33 @@ mx::array apply_op_ops(const mx::array& v, const EpilogueSpec& op, mx::StreamOrD
   }
 }
 
+// Every check of both entry points, once: arguments, the chain, and each operand against the
+// output shape (canonical operand per op, nullopt for ops without a tensor operand).
+struct Prepared {
+  Checked c;
+  std::vector<std::optional<std::pair<int, mx::array>>> operands;
+};
+
+Prepared prepare(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    mx::StreamOrDevice s) {
+  Prepared p{check(x, w, scales, global_scale, out_dtype, s), {}};
+  check_epilogue(epilogue);
+  for (size_t i = 0; i < epilogue.size(); ++i) {
+    if (epilogue[i].operand) {
+      p.operands.emplace_back(canonical_operand(*epilogue[i].operand, p.c.out_shape, static_cast<int>(i), s));
+    } else {
+      p.operands.emplace_back(std::nullopt);
+    }
+  }
+  return p;
+}
+
 }  // namespace
 
 mx::array w4a16_matmul(
@@ -195,8 +222,7 @@ mx::array w4a16_matmul(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     mx::StreamOrDevice s) {
-  auto c = check(x_in, w, scales, global_scale, out_dtype, s);
-  check_epilogue(epilogue);
+  auto [c, operands] = prepare(x_in, w, scales, global_scale, epilogue, out_dtype, s);
   auto stream = mx::to_stream(s);
 
   std::vector<mx::array> inputs = {
@@ -209,11 +235,10 @@ mx::array w4a16_matmul(
   for (size_t i = 0; i < epilogue.size(); ++i) {
     const auto& spec = epilogue[i];
     fp4::EpilogueOp op{spec.code, -1, spec.p0, spec.p1};
-    if (spec.operand) {
-      auto [kind, arr] = canonical_operand(*spec.operand, c.out_shape, static_cast<int>(i), s);
+    if (operands[i]) {
       op.operand = static_cast<int>(kinds.size());
-      kinds.push_back(kind);
-      inputs.push_back(arr);
+      kinds.push_back(operands[i]->first);
+      inputs.push_back(operands[i]->second);
     }
     ops.push_back(op);
   }
@@ -232,13 +257,7 @@ mx::array w4a16_matmul_reference_ops(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     mx::StreamOrDevice s) {
-  auto c = check(x, w, scales, global_scale, out_dtype, s);
-  check_epilogue(epilogue);
-  for (size_t i = 0; i < epilogue.size(); ++i) {
-    if (epilogue[i].operand) {
-      canonical_operand(*epilogue[i].operand, c.out_shape, static_cast<int>(i), s);  // validates
-    }
-  }
+  const Checked c = prepare(x, w, scales, global_scale, epilogue, out_dtype, s).c;
   auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
   auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
   if (c.gs) {
