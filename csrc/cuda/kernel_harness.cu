@@ -4,7 +4,7 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [--quick]. Prints CSV-like lines; exit code 1 on a failure.
+// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small]. Prints CSV-like lines; exit code 1 on a failure.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -97,6 +97,7 @@ void launch(const Launch& l, void* args, cudaStream_t s) {
 }
 
 void* g_lt = nullptr;
+bool g_staged = true;  // use the staged tensor-core kernel where it applies (staged_loads_ok)
 DevBuf* g_ws = nullptr;
 constexpr size_t kWsBytes = size_t(32) << 20;
 
@@ -105,7 +106,7 @@ void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc,
   const fp4::W4A16Problem& p = a.p;
   const bool vec = vector_loads_ok(p, a.x, a.w);
   if (path == Path::kTensorCore) {
-    launch(tc_launch(p, cfg, vec), &a, s);
+    launch(tc_launch(p, cfg, vec, g_staged && staged_loads_ok(p, a.x, a.w, a.scales)), &a, s);
   } else if (path == Path::kSimt) {
     launch(simt_launch(p, vec), &a, s);
   } else {
@@ -275,8 +276,9 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   }
   const bool ok = worst <= 1.0;
   if (!ok) ++g_failures;
+  const bool staged = path == Path::kTensorCore && g_staged && staged_loads_ok(p, a.x, a.w, a.scales);
   std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld,tc=%d/%d/%d,worst=%.3g,%s",
-              path_name(path), ok ? "ok" : "FAIL", dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
+              staged ? "tc-staged" : path_name(path), ok ? "ok" : "FAIL", dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
               (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, cfg.mt, cfg.rt, cfg.kw, worst,
               ok ? "\n" : "");
   if (!ok) {
@@ -357,10 +359,19 @@ void run_checks(bool quick) {
       {8, 1024, 4096, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 0},
       {4, 64, 264, fp4::kDtypeF32, fp4::kDtypeF32, true, 1},
       {300, 64, 256, fp4::kDtypeF32, fp4::kDtypeBF16, false, 3},
+      // Staged tensor-core kernel (K % 128 == 0): padded rows and N % 32 != 0, warps without
+      // steps (3 steps, up to 8 warps), a long K.
+      {3, 136, 1024, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 1, 16},
+      {24, 100, 384, fp4::kDtypeF16, fp4::kDtypeBF16, false, 2},
+      {1, 2048, 8192, fp4::kDtypeBF16, fp4::kDtypeF32, true, 0},
+      {13, 520, 2560, fp4::kDtypeF16, fp4::kDtypeF16, false, 1},
   };
   for (const auto& c : cases) {
     const bool half_x = c.x_dtype != fp4::kDtypeF32;
-    if (half_x) {
+    // Both tensor-core kernels: the staged one where it applies, the other as its fallback.
+    for (bool staged : {true, false}) {
+      if (!half_x) break;
+      g_staged = staged;
       check_case(c, Path::kTensorCore, nullptr, rng);
       if (!quick) {
         for (int rt : {1, 2})
@@ -371,6 +382,7 @@ void run_checks(bool quick) {
           }
       }
     }
+    g_staged = true;
     check_case(c, Path::kSimt, nullptr, rng);
     check_case(c, Path::kDequantGemm, nullptr, rng);
   }
@@ -406,10 +418,11 @@ double time_us(F fn, int copies, int iters, cudaStream_t s) {
   return best;
 }
 
-void run_bench(bool quick) {
+void run_bench(bool quick, bool small) {
   std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
   std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
   if (quick) ms = {1, 8, 16, 64, 256, 2048};
+  if (small) ms = {1, 8, 16, 32};
   cudaStream_t s = 0;
   // HBM copy bandwidth (read + write).
   {
@@ -501,13 +514,17 @@ void run_bench(bool quick) {
               cfgs.push_back(TcConfig{mt, rt, kw});
             }
         }
-        for (const auto& cfg : cfgs) {
-          double us = time_us([&](int c) { run_path(Path::kTensorCore, cfg, with_copy(c), nullptr, nullptr, s); },
-                              copies, iters, s);
-          char name[32];
-          std::snprintf(name, sizeof name, "%d/%d/%d", cfg.mt, cfg.rt, cfg.kw);
-          report("tc", name, us);
+        for (bool staged : {true, false}) {
+          g_staged = staged;
+          for (const auto& cfg : cfgs) {
+            double us = time_us([&](int c) { run_path(Path::kTensorCore, cfg, with_copy(c), nullptr, nullptr, s); },
+                                copies, iters, s);
+            char name[32];
+            std::snprintf(name, sizeof name, "%d/%d/%d", cfg.mt, cfg.rt, cfg.kw);
+            report(staged ? "tc-staged" : "tc", name, us);
+          }
         }
+        g_staged = true;
       }
       if (M <= 16) {
         double us = time_us([&](int c) { run_path(Path::kSimt, plan.tc, with_copy(c), nullptr, nullptr, s); }, copies,
@@ -561,7 +578,11 @@ void run_profile() {
     a.out = dout.p;
     a.p = p;
     const Plan plan = plan_w4a16(p, g_dev, true, nullptr, nullptr);
-    for (int i = 0; i < 2; ++i) run_path(Path::kTensorCore, plan.tc, a, nullptr, nullptr, 0);
+    for (bool staged : {true, false}) {
+      g_staged = staged;
+      for (int i = 0; i < 2; ++i) run_path(Path::kTensorCore, plan.tc, a, nullptr, nullptr, 0);
+    }
+    g_staged = true;
     if (M == 1) {
       for (int i = 0; i < 2; ++i) run_path(Path::kSimt, plan.tc, a, nullptr, nullptr, 0);
       DequantArgs d{a.w, a.scales, wd.p, N, K, wrb, srb, fp4::kDtypeBF16};
@@ -574,12 +595,13 @@ void run_profile() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool check = false, bench = false, quick = false, profile = false;
+  bool check = false, bench = false, quick = false, profile = false, small = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
     if (!std::strcmp(argv[i], "bench")) bench = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--small")) small = true;  // bench: M <= 32 only, every tile choice
   }
   if (!check && !bench && !profile) check = bench = true;
   CK(cudaSetDevice(0));
@@ -595,9 +617,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_ws = new DevBuf(kWsBytes);
+  preload_kernels();  // also raises the staged kernels' dynamic shared memory limit
   if (profile) run_profile();
   if (check) run_checks(quick);
-  if (bench) run_bench(quick);
+  if (bench) run_bench(quick, small);
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -64,11 +64,15 @@ struct DeviceInfo {
 struct Plan {
   Path path = Path::kSimt;
   TcConfig tc;
-  bool vec = false;  // 16-byte loads allowed (alignment and K % 8 checked)
+  bool vec = false;     // 16-byte loads allowed (alignment and K % 8 checked)
+  bool staged = false;  // the staged tensor-core kernel applies (staged_loads_ok)
 };
 
 // True when 16-byte loads of w rows and x rows are aligned for this problem and these pointers.
 bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w);
+// True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
+// step, and 4-byte aligned scale rows.
+bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales);
 
 // Kernel choice for a problem. `path_override` / `tc_override` come from the environment
 // (MLX_FP4_CUDA_PATH = simt | tc | dequant, MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
@@ -76,7 +80,7 @@ Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, con
                 const char* tc_override);
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
-Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec);
+Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged);
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec);
 Launch dequant_launch(const DequantArgs& d, bool vec);
 Launch epilogue_launch(const fp4::W4A16Problem& p);

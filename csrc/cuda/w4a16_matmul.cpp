@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -141,12 +142,15 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   static const char* path_env = env_or_null("MLX_FP4_CUDA_PATH");
   static const char* tc_env = env_or_null("MLX_FP4_CUDA_TC");
   const bool vec = cuda::vector_loads_ok(p, a.x, a.w);
-  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, path_env, tc_env);
+  cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, path_env, tc_env);
+  // MLX_FP4_CUDA_STAGED=0 keeps the register-prefetch tensor-core kernel (tests, A/B timing).
+  static const char* staged_env = env_or_null("MLX_FP4_CUDA_STAGED");
+  plan.staged = !(staged_env && !std::strcmp(staged_env, "0")) && cuda::staged_loads_ok(p, a.x, a.w, a.scales);
 
   if (plan.path == Path::kTensorCore || plan.path == Path::kSimt) {
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    const Launch l = plan.path == Path::kTensorCore ? cuda::tc_launch(p, plan.tc, vec) : cuda::simt_launch(p, vec);
+    const Launch l = plan.path == Path::kTensorCore ? cuda::tc_launch(p, plan.tc, vec, plan.staged) : cuda::simt_launch(p, vec);
     add_node(enc, l, a);
     return;
   }

@@ -199,6 +199,84 @@ constexpr float kTcAccScale = 128.0f;
 // 4 words makes two mma k-slices. Rows past N or M are clamped to the last row: their loads stay
 // in bounds and their results are never stored. The last, partial step uses guarded loads.
 
+// One 128-wide K step on registers: W words of rows (g, g+8) of each row tile, their block-scale
+// pairs, and x as four 16-byte groups (k = 32t + 8q .. +7) per x tile.
+template <typename T, int MT, int RT>
+__device__ __forceinline__ void tc_step(float (&acc)[RT][MT][4], const uint32_t (&w)[RT][2][4],
+                                        const uint32_t (&sp)[RT][2][2], const uint4 (&X)[MT][4]) {
+  using Mma = Mma16<T>;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t bx[MT][2][2];  // [x tile][k-slice][register]
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      // (x0, x4), (x1, x5) | (x2, x6), (x3, x7): the pairs fp4_pair<0..3> produce.
+      bx[j][0][0] = __byte_perm(X[j][q].x, X[j][q].z, 0x5410);
+      bx[j][0][1] = __byte_perm(X[j][q].x, X[j][q].z, 0x7632);
+      bx[j][1][0] = __byte_perm(X[j][q].y, X[j][q].w, 0x5410);
+      bx[j][1][1] = __byte_perm(X[j][q].y, X[j][q].w, 0x7632);
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const uint32_t s0 = sp[rt][0][q >> 1];
+      const uint32_t s1 = sp[rt][1][q >> 1];
+      uint32_t p0[4], p1[4];
+      fp4_word<T>(w[rt][0][q], p0);
+      fp4_word<T>(w[rt][1][q], p1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a0 = Mma::mul(p0[2 * h], s0);
+        const uint32_t a1 = Mma::mul(p1[2 * h], s1);
+        const uint32_t a2 = Mma::mul(p0[2 * h + 1], s0);
+        const uint32_t a3 = Mma::mul(p1[2 * h + 1], s1);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][h][0], bx[j][h][1]);
+      }
+    }
+  }
+}
+
+// Block scales as ready-made 16-bit pairs (scale * 2^119 for bf16, * 2^7 for fp16): one shared
+// memory load per 16 weights instead of an E4M3 decode.
+template <typename T>
+__device__ __forceinline__ void fill_scale_table(uint32_t* s_scale) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_scale[i] = Mma16<T>::scale_pair(fp4::e4m3_to_float(i));
+  __syncthreads();
+}
+
+// Cross-warp reduction of the accumulators in a fixed order (deterministic), then global scale,
+// epilogue and store. `red` holds nwarps * RT * MT * 4 * 32 floats of shared memory.
+template <int MT, int RT>
+__device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float (&acc)[RT][MT][4], float* red,
+                                                int64_t m_base, int64_t n_base) {
+  constexpr int kSlots = RT * MT * 4;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[(warp * kSlots + (rt * MT + j) * 4 + c) * 32 + lane] = acc[rt][j][c];
+  __syncthreads();
+  const float gs = global_scale_of(a);
+  for (int idx = threadIdx.x; idx < kSlots * 32; idx += blockDim.x) {
+    const int slot = idx >> 5;
+    const int ln = idx & 31;
+    float sum = 0.0f;
+    for (int w = 0; w < nwarps; ++w) sum += red[(w * kSlots + slot) * 32 + ln];
+    const int c = slot & 3;
+    const int j = (slot >> 2) % MT;
+    const int rt = (slot >> 2) / MT;
+    const int64_t n = n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0);
+    const int64_t m = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
+    if (n < a.p.n && m < a.p.m) {
+      store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, sum * kTcAccScale, m, n, gs));
+    }
+  }
+}
+
 template <typename T, int MT, int RT>
 struct TcFrag {
   uint32_t w[RT][2][4];   // [row tile][row g / g+8][word]
@@ -207,7 +285,6 @@ struct TcFrag {
 
 template <typename T, int MT, int RT, bool kVec>
 __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const W4A16Args a) {
-  using Mma = Mma16<T>;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
@@ -239,11 +316,8 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
     xrow[j] = static_cast<const T*>(a.x) + m * K;
   }
 
-  // Block scales as ready-made 16-bit pairs (scale * 2^119 for bf16, * 2^7 for fp16): one shared
-  // memory load per 16 weights instead of an E4M3 decode.
   __shared__ uint32_t s_scale[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_scale[i] = Mma::scale_pair(fp4::e4m3_to_float(i));
-  __syncthreads();
+  fill_scale_table<T>(s_scale);
 
   const int64_t nsteps = (K + kStepK - 1) / kStepK;
   const int64_t per = (nsteps + nwarps - 1) / nwarps;
@@ -305,15 +379,13 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
 #pragma unroll
         for (int b = 0; b < 2; ++b)
           sp[rt][h][b] = s_scale[f.sc[rt][h][b]];
-
+    uint4 X[MT][4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t bx[MT][2][2];  // [x tile][k-slice][register]
+    for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        uint4 X;
+      for (int q = 0; q < 4; ++q) {
         if (full) {
-          X = load_cached16(xrow[j] + kb + 8 * q);
+          X[j][q] = load_cached16(xrow[j] + kb + 8 * q);
         } else {
           uint32_t r[4];
 #pragma unroll
@@ -324,32 +396,10 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
             const uint32_t hi = k0 + 1 < K ? uint32_t(xp[k0 + 1]) : 0u;
             r[e] = lo | (hi << 16);
           }
-          X = make_uint4(r[0], r[1], r[2], r[3]);
-        }
-        // (x0, x4), (x1, x5) | (x2, x6), (x3, x7): the pairs fp4_pair<0..3> produce.
-        bx[j][0][0] = __byte_perm(X.x, X.z, 0x5410);
-        bx[j][0][1] = __byte_perm(X.x, X.z, 0x7632);
-        bx[j][1][0] = __byte_perm(X.y, X.w, 0x5410);
-        bx[j][1][1] = __byte_perm(X.y, X.w, 0x7632);
-      }
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        const uint32_t s0 = sp[rt][0][q >> 1];
-        const uint32_t s1 = sp[rt][1][q >> 1];
-        uint32_t p0[4], p1[4];
-        fp4_word<T>(f.w[rt][0][q], p0);
-        fp4_word<T>(f.w[rt][1][q], p1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t a0 = Mma::mul(p0[2 * h], s0);
-          const uint32_t a1 = Mma::mul(p1[2 * h], s1);
-          const uint32_t a2 = Mma::mul(p0[2 * h + 1], s0);
-          const uint32_t a3 = Mma::mul(p1[2 * h + 1], s1);
-#pragma unroll
-          for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][h][0], bx[j][h][1]);
+          X[j][q] = make_uint4(r[0], r[1], r[2], r[3]);
         }
       }
-    }
+    tc_step<T, MT, RT>(acc, f.w, sp, X);
   };
 
   // Weights of step s+1 are loaded while step s is computed; the L2::256B hint of the loads
@@ -367,31 +417,165 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
     }
   }
 
-  // Cross-warp reduction in a fixed order (deterministic), then the epilogue.
-  constexpr int kSlots = RT * MT * 4;
-  __shared__ float red[kMaxWarpsPerBlock * kSlots * 32];
+  __shared__ float red[kMaxWarpsPerBlock * RT * MT * 4 * 32];
+  tc_reduce_store<MT, RT>(a, acc, red, m_base, n_base);
+}
+
+// ------------------------------------------------------------------------------------------
+// Staged tensor-core kernel: the same math and lane layout as w4a16_tc_kernel, for K % kStepK == 0
+// with 16-byte aligned weight rows and 4-byte aligned scale rows (every step is full, no guards).
+// The register prefetch of the kernel above keeps one step (2 KB per warp) in flight, too little
+// to cover DRAM latency (ncu: 27% of DRAM bandwidth at M=1). Here each lane copies the bytes it
+// will read itself (cp.async, so no barrier is needed) into a warp-private ring of kStages steps,
+// kStages - 1 steps ahead, without holding registers; x (L2-resident) is prefetched one step ahead
+// in registers.
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Bytes of one ring slot (one step of one warp): the weight bytes, then the scale bytes.
+template <int RT>
+__host__ __device__ constexpr int staged_slot_bytes() {
+  return RT * 2 * 32 * (kLaneBytes + kStageScaleBytes);
+}
+
+template <typename T, int MT, int RT>
+__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args a) {
+  extern __shared__ __align__(16) uint8_t ring[];
+  constexpr int kSlot = staged_slot_bytes<RT>();
+  constexpr int kScaleOff = RT * 2 * 32 * kLaneBytes;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t M = a.p.m, N = a.p.n, K = a.p.k;
+  const int64_t m_base = int64_t(blockIdx.x) * (kMmaCols * MT);
+  const int64_t n_base = int64_t(blockIdx.y) * (kMmaRows * RT);
+
+  const int64_t nsteps = K / kStepK;
+  const int64_t per = (nsteps + nwarps - 1) / nwarps;
+  const int64_t s_begin = int64_t(warp) * per;
+  const int64_t s_end = (s_begin + per < nsteps) ? s_begin + per : nsteps;
+
+  // Next bytes to copy: 16 weight bytes at k = 32t of each step; the 4 scale bytes holding this
+  // lane's two (blocks 2t, 2t + 1 of the step's 8). Rows past N are clamped (never stored).
+  const uint8_t* wsrc[RT][2];
+  const uint8_t* ssrc[RT][2];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int64_t n = n_base + rt * kMmaRows + g + 8 * h;
+      n = n < N ? n : N - 1;
+      wsrc[rt][h] = a.w + n * a.p.w_row_bytes + s_begin * (kStepK / 2) + t * kLaneBytes;
+      ssrc[rt][h] = a.scales + n * a.p.scale_row_bytes + s_begin * (kStepK / fp4::kBlockSize) +
+                    (t >> 1) * kStageScaleBytes;
+    }
+  const T* xsrc[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    int64_t m = m_base + j * kMmaCols + g;
+    m = m < M ? m : M - 1;
+    xsrc[j] = static_cast<const T*>(a.x) + m * K + s_begin * kStepK + t * kLaneK;
+  }
+
+  __shared__ uint32_t s_scale[256];
+  fill_scale_table<T>(s_scale);
+
+  uint8_t* mine = ring + warp * (kStages * kSlot);
+  const uint32_t mine_s = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
+  auto issue = [&](int slot) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = (rt * 2 + h) * 32 + lane;
+        cp_async16(mine_s + slot * kSlot + i * kLaneBytes, wsrc[rt][h]);
+        cp_async4(mine_s + slot * kSlot + kScaleOff + i * kStageScaleBytes, ssrc[rt][h]);
+        wsrc[rt][h] += kStepK / 2;
+        ssrc[rt][h] += kStepK / fp4::kBlockSize;
+      }
+  };
+  auto load_x = [&](uint4 (&X)[MT][4]) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) X[j][q] = load_cached16(xsrc[j] + 8 * q);
+      xsrc[j] += kStepK;
+    }
+  };
+
+  float acc[RT][MT][4];
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) red[(warp * kSlots + (rt * MT + j) * 4 + c) * 32 + lane] = acc[rt][j][c];
-  __syncthreads();
-  const float gs = global_scale_of(a);
-  for (int idx = threadIdx.x; idx < kSlots * 32; idx += blockDim.x) {
-    const int slot = idx >> 5;
-    const int ln = idx & 31;
-    float sum = 0.0f;
-    for (int w = 0; w < nwarps; ++w) sum += red[(w * kSlots + slot) * 32 + ln];
-    const int c = slot & 3;
-    const int j = (slot >> 2) % MT;
-    const int rt = (slot >> 2) / MT;
-    const int64_t n = n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0);
-    const int64_t m = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
-    if (n < N && m < M) {
-      store_from_float(a.out, a.p.out_dtype, m * N + n, finish(a, sum * kTcAccScale, m, n, gs));
+      for (int c = 0; c < 4; ++c) acc[rt][j][c] = 0.0f;
+
+  const int steps = static_cast<int>(s_end > s_begin ? s_end - s_begin : 0);
+  // One commit group per step, empty past the end, so that "all but the newest kStages - 1
+  // groups complete" always means "step i has landed".
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();
+  }
+  // x one step ahead in registers while that fits (MT <= 2); wider x tiles load at the step.
+  constexpr bool kPrefetchX = MT <= 2;
+  uint4 X[MT][4];
+  if (kPrefetchX && steps > 0) load_x(X);
+#pragma unroll 1
+  for (int i = 0; i < steps; ++i) {
+    const int slot = i % kStages;
+    if (i + kStages - 1 < steps) issue((i + kStages - 1) % kStages);
+    cp_async_commit();
+    uint4 Xn[MT][4];
+    if (!kPrefetchX) {
+      load_x(X);
+    } else if (i + 1 < steps) {
+      load_x(Xn);
+    }
+    cp_async_wait<kStages - 1>();
+    uint32_t w[RT][2][4];
+    uint32_t sp[RT][2][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int idx = (rt * 2 + h) * 32 + lane;
+        const uint4 v = *reinterpret_cast<const uint4*>(mine + slot * kSlot + idx * kLaneBytes);
+        w[rt][h][0] = v.x;
+        w[rt][h][1] = v.y;
+        w[rt][h][2] = v.z;
+        w[rt][h][3] = v.w;
+        const uint32_t sc = *reinterpret_cast<const uint16_t*>(mine + slot * kSlot + kScaleOff +
+                                                                idx * kStageScaleBytes + 2 * (t & 1));
+        sp[rt][h][0] = s_scale[sc & 0xFFu];
+        sp[rt][h][1] = s_scale[sc >> 8];
+      }
+    tc_step<T, MT, RT>(acc, w, sp, X);
+    if (kPrefetchX) {
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) X[j][q] = Xn[j][q];
     }
   }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring: reuse it for the reduction
+  static_assert(MT * 4 * 32 * sizeof(float) <= kStages * kSlot, "reduction must fit in the ring");
+  tc_reduce_store<MT, RT>(a, acc, reinterpret_cast<float*>(ring), m_base, n_base);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -649,6 +833,19 @@ CUfunction tc_func_rt(bool vec) {
 }
 
 template <typename T>
+CUfunction staged_func_t(int mt, int rt) {
+  switch (mt) {
+    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1>) : func_of(w4a16_tc_staged_kernel<T, 1, 2>);
+    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1>) : func_of(w4a16_tc_staged_kernel<T, 2, 2>);
+    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1>) : func_of(w4a16_tc_staged_kernel<T, 4, 2>);
+  }
+}
+
+unsigned staged_smem_bytes(int rt, int kw) {
+  return static_cast<unsigned>(kw * kStages * (rt == 1 ? staged_slot_bytes<1>() : staged_slot_bytes<2>()));
+}
+
+template <typename T>
 CUfunction tc_func_t(int mt, int rt, bool vec) {
   switch (mt) {
     case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : tc_func_rt<T, 1, 2>(vec);
@@ -683,6 +880,11 @@ bool parse_tc(const char* s, TcConfig& cfg) {
 bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w) {
   return p.k % 8 == 0 && p.w_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
+  return vector_loads_ok(p, x, w) && p.k % kStepK == 0 && p.scale_row_bytes % kStageScaleBytes == 0 &&
+         reinterpret_cast<uintptr_t>(scales) % kStageScaleBytes == 0;
 }
 
 // Dispatch. Crossovers measured on an H200 (docs/cuda.md): tensor-core kernel up to
@@ -729,11 +931,16 @@ Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, con
   return plan;
 }
 
-Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec) {
+Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged) {
   Launch l;
+  staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
   const int rt = vec ? cfg.rt : 1;
-  l.func = p.x_dtype == fp4::kDtypeF16 ? tc_func_t<__half>(cfg.mt, rt, vec)
-                                       : tc_func_t<__nv_bfloat16>(cfg.mt, rt, vec);
+  if (staged) {
+    l.func = p.x_dtype == fp4::kDtypeF16 ? staged_func_t<__half>(cfg.mt, rt) : staged_func_t<__nv_bfloat16>(cfg.mt, rt);
+  } else {
+    l.func = p.x_dtype == fp4::kDtypeF16 ? tc_func_t<__half>(cfg.mt, rt, vec)
+                                         : tc_func_t<__nv_bfloat16>(cfg.mt, rt, vec);
+  }
   const int64_t gx = ceil_div(p.m, kMmaCols * cfg.mt);
   const int64_t gy = ceil_div(p.n, kMmaRows * rt);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
@@ -741,7 +948,7 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec) {
   }
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
-  l.smem = 0;
+  l.smem = staged ? staged_smem_bytes(rt, cfg.kw) : 0;
   return l;
 }
 
@@ -806,7 +1013,15 @@ void preload_kernels() {
       if (dt != fp4::kDtypeF32) {
         for (int mt : {1, 2, 4, 8})
           for (int rt : {1, 2})
-            if (mt * rt <= 8) tc_launch(p, TcConfig{mt, rt, 1}, vec);
+            if (mt * rt <= 8) {
+              tc_launch(p, TcConfig{mt, rt, 1}, vec, false);
+              if (!vec || mt > kMaxStagedColTiles) continue;
+              // The staged kernels take more than the default 48 KB of dynamic shared memory.
+              const Launch l = tc_launch(p, TcConfig{mt, rt, kMaxWarpsPerBlock}, true, true);
+              const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                    static_cast<int>(l.smem));
+              if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+            }
       }
       simt_launch(p, vec);
       p.m = 2;

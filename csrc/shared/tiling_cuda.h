@@ -15,6 +15,11 @@ enum : int {
   kMaxWarpsPerBlock = 8,    // warps of a block split K, then reduce through shared memory
   kMaxColTiles = 8,         // at most 8 x-row tiles of 8 (64 rows of x) per block
   kMaxRowTiles = 2,         // at most 2 weight-row tiles of 16 per warp (and MT * RT <= 8)
+  // Staged variant (K % kStepK == 0, aligned rows): each warp streams its weight and scale bytes
+  // through a private ring of kStages steps in shared memory (cp.async), kStages - 1 steps ahead.
+  kStages = 4,
+  kStageScaleBytes = 4,     // scale bytes one lane copies per weight row and step (cp.async minimum)
+  kMaxStagedColTiles = 4,   // x-row tiles of the staged kernel (M <= 32; more would spill)
 
   // SIMT kernel (float32 x and the generic path): one warp per weight row, 4 x rows per pass.
   kSimtWarps = 8,
