@@ -9,9 +9,11 @@
 #              reference, no MLX involved)
 #   tests      pytest on the GPU only (MLX_FP4_TEST_DEVICES=gpu): the whole w4a16/epilogue suite on
 #              the automatic dispatch, then the matmul tests again with each path forced
-#              (MLX_FP4_CUDA_PATH=tc|simt|dequant); TEST_PATHS="auto tc" limits that list
+#              (MLX_FP4_CUDA_PATH=tc|simt|dequant, and tc-unstaged = tc with MLX_FP4_CUDA_STAGED=0);
+#              TEST_PATHS="auto tc" limits that list
 #   bench      python -m mlx_fp4.bench --device gpu on 8192x8192, M in {1, 8, 16, 64, 256, 2048, 8192}
-#   kbench     the harness's timing sweep (kernel time per path and tile configuration)
+#   kbench     the harness's timing sweep (kernel time per path and tile configuration); KBENCH_ARGS
+#              passes --quick (fewer M, planned tiles only) or --small (M <= 32, every tile)
 #   fullbench  python -m mlx_fp4.bench --device gpu on 8192x8192, 14336x4096, 4096x14336, M = 1..8192
 #              (JSON + PNG + table in $OUT/bench; BENCH_ARGS adds options)
 #   sanitizer  compute-sanitizer memcheck over the kernel harness checks and the GPU matmul tests
@@ -94,20 +96,24 @@ build_harness() {
 }
 
 step_harness() { build_harness && build/gpu/kernel_harness check; }
-step_kbench() { build_harness && build/gpu/kernel_harness bench; }
+step_kbench() { build_harness && build/gpu/kernel_harness bench ${KBENCH_ARGS:-}; }
 
 step_tests() {
   local rc=0 f
   # MLX's CUDA matmul uses TF32 for float32 unless MLX_ENABLE_TF32=0; the tests compare float32
   # results (and the gradients, which MLX ops compute) against float64 with fp32 tolerances.
   export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
-  for path in ${TEST_PATHS:-auto tc simt dequant}; do
+  for path in ${TEST_PATHS:-auto tc tc-unstaged simt dequant}; do
     echo "== MLX_FP4_CUDA_PATH=$path"
     if [ "$path" = auto ]; then
       # One pytest per file, so that a crash in one file does not hide the others.
       for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py tests/test_linkage.py; do
         "$PY" -m pytest -v -p no:cacheprovider --tb=line -rf "$f" || rc=1
       done
+    elif [ "$path" = tc-unstaged ]; then
+      # The register-prefetch tensor-core kernel (the staged kernel's fallback), forced everywhere.
+      MLX_FP4_CUDA_PATH=tc MLX_FP4_CUDA_STAGED=0 "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
+        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
     else
       MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
         tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1

@@ -4,7 +4,7 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small]. Prints CSV-like lines; exit code 1 on a failure.
+// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small] [--mid]. Prints CSV-like lines; exit code 1 on a failure.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -252,7 +252,8 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   a.out = dout.p;
   a.p = p;
   DevBuf wd(p.n * p.k * xs), acc(p.m * p.n * 4);
-  const Plan plan = plan_w4a16(p, g_dev, vector_loads_ok(p, a.x, a.w), nullptr, nullptr);
+  const Plan plan = plan_w4a16(p, g_dev, vector_loads_ok(p, a.x, a.w),
+                               g_staged && staged_loads_ok(p, a.x, a.w, a.scales), nullptr, nullptr);
   const TcConfig cfg = cfg_override ? *cfg_override : plan.tc;
   run_path(path, cfg, a, wd.p, static_cast<float*>(acc.p), 0);
   CK(cudaDeviceSynchronize());
@@ -359,12 +360,15 @@ void run_checks(bool quick) {
       {8, 1024, 4096, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 0},
       {4, 64, 264, fp4::kDtypeF32, fp4::kDtypeF32, true, 1},
       {300, 64, 256, fp4::kDtypeF32, fp4::kDtypeBF16, false, 3},
-      // Staged tensor-core kernel (K % 128 == 0): padded rows and N % 32 != 0, warps without
-      // steps (3 steps, up to 8 warps), a long K.
+      // Staged tensor-core kernel (K % 256 == 0): padded rows and N % 32 != 0, a last stage
+      // that is partly past K (6 and 20 steps in stages of kw), a long K.
       {3, 136, 1024, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 1, 16},
-      {24, 100, 384, fp4::kDtypeF16, fp4::kDtypeBF16, false, 2},
+      {24, 100, 768, fp4::kDtypeF16, fp4::kDtypeBF16, false, 2},
       {1, 2048, 8192, fp4::kDtypeBF16, fp4::kDtypeF32, true, 0},
       {13, 520, 2560, fp4::kDtypeF16, fp4::kDtypeF16, false, 1},
+      // M in (32, 64]: the staged kernel with several x tiles of 32 rows (automatic choice).
+      {64, 200, 1024, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 2},
+      {50, 96, 512, fp4::kDtypeF16, fp4::kDtypeF32, false, 1, 16},
   };
   for (const auto& c : cases) {
     const bool half_x = c.x_dtype != fp4::kDtypeF32;
@@ -375,7 +379,7 @@ void run_checks(bool quick) {
       check_case(c, Path::kTensorCore, nullptr, rng);
       if (!quick) {
         for (int rt : {1, 2})
-          for (int kw : {1, 3, 8}) {
+          for (int kw : {1, 2, 3, 4, 8}) {
             TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
             if (cfg.mt * cfg.rt > 8) continue;
             check_case(c, Path::kTensorCore, &cfg, rng);
@@ -418,11 +422,12 @@ double time_us(F fn, int copies, int iters, cudaStream_t s) {
   return best;
 }
 
-void run_bench(bool quick, bool small) {
+void run_bench(bool quick, bool small, bool mid) {
   std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
   std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  if (quick) ms = {1, 8, 16, 64, 256, 2048};
+  if (quick) ms = {1, 8, 16, 32, 64, 256, 512, 2048, 8192};
   if (small) ms = {1, 8, 16, 32};
+  if (mid) ms = {32, 48, 64, 96, 128, 192, 256};
   cudaStream_t s = 0;
   // HBM copy bandwidth (read + write).
   {
@@ -500,13 +505,14 @@ void run_bench(bool quick, bool small) {
           },
           dcopies, iters, s);
       report("dense_bf16", "-", dense);
-      const Plan plan = plan_w4a16(p, g_dev, true, nullptr, nullptr);
+      const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
       std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d\n", (long long)N, (long long)K, (long long)M,
                   path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw);
       if (M <= 256) {
-        const int mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+        // --mid: the staged kernel past M = 32, in x tiles of 32 rows (its widest).
+        const int mt = mid ? fp4::cuda_tiling::kMaxStagedColTiles : M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
         std::vector<TcConfig> cfgs;
-        cfgs.push_back(plan.tc);
+        if (!mid) cfgs.push_back(plan.tc);
         if (!quick) {
           for (int rt : {1, 2})
             for (int kw : {2, 4, 8}) {
@@ -515,6 +521,7 @@ void run_bench(bool quick, bool small) {
             }
         }
         for (bool staged : {true, false}) {
+          if (mid && !staged) continue;
           g_staged = staged;
           for (const auto& cfg : cfgs) {
             double us = time_us([&](int c) { run_path(Path::kTensorCore, cfg, with_copy(c), nullptr, nullptr, s); },
@@ -577,7 +584,7 @@ void run_profile() {
     a.scales = static_cast<const uint8_t*>(ds.p);
     a.out = dout.p;
     a.p = p;
-    const Plan plan = plan_w4a16(p, g_dev, true, nullptr, nullptr);
+    const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
     for (bool staged : {true, false}) {
       g_staged = staged;
       for (int i = 0; i < 2; ++i) run_path(Path::kTensorCore, plan.tc, a, nullptr, nullptr, 0);
@@ -595,13 +602,14 @@ void run_profile() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool check = false, bench = false, quick = false, profile = false, small = false;
+  bool check = false, bench = false, quick = false, profile = false, small = false, mid = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
     if (!std::strcmp(argv[i], "bench")) bench = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--small")) small = true;  // bench: M <= 32 only, every tile choice
+    if (!std::strcmp(argv[i], "--mid")) mid = true;      // bench: M = 32..256, staged kernel vs dequant
   }
   if (!check && !bench && !profile) check = bench = true;
   CK(cudaSetDevice(0));
@@ -620,7 +628,7 @@ int main(int argc, char** argv) {
   preload_kernels();  // also raises the staged kernels' dynamic shared memory limit
   if (profile) run_profile();
   if (check) run_checks(quick);
-  if (bench) run_bench(quick, small);
+  if (bench) run_bench(quick, small, mid);
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -74,10 +74,11 @@ bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w);
 // step, and 4-byte aligned scale rows.
 bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales);
 
-// Kernel choice for a problem. `path_override` / `tc_override` come from the environment
-// (MLX_FP4_CUDA_PATH = simt | tc | dequant, MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
-Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, const char* path_override,
-                const char* tc_override);
+// Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
+// `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant,
+// MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
+Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
+                const char* path_override, const char* tc_override);
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
 Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged);

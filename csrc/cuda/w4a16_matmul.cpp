@@ -10,6 +10,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../primitives.h"
 #include "mlx/backend/cuda/device.h"
@@ -35,12 +37,38 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
+// Frees of our buffers that arrived while their stream was being captured into a graph (MLX
+// captures cuBLAS calls, e.g. mx.matmul's, on the same stream): a cudaFreeAsync then would put a
+// memory node into a captured child graph, which CUDA rejects ("cudaGraphAddChildGraphNode ...
+// operation not supported", seen in the benchmark). They are freed at the next uncaptured moment.
+std::mutex g_deferred_mu;
+std::vector<std::pair<void*, cudaStream_t>> g_deferred;
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
+}
+
+void free_deferred() {
+  std::lock_guard<std::mutex> lock(g_deferred_mu);
+  auto keep = g_deferred.begin();
+  for (auto it = g_deferred.begin(); it != g_deferred.end(); ++it) {
+    if (capturing(it->second)) {
+      *keep++ = *it;
+    } else {
+      cudaFreeAsync(it->first, it->second);
+    }
+  }
+  g_deferred.erase(keep, g_deferred.end());
+}
+
 // Device memory from the stream-ordered pool (the pool MLX also uses), owned by the array.
 // MLX's allocator::malloc returns managed memory, whose first touch on the GPU migrates pages.
 // If MLX later moves the buffer to unified memory for a host read, it frees the device copy
 // itself and sets device = -1; the deleter then frees the unified copy.
 mx::allocator::Data device_data(size_t bytes, cu::CommandEncoder& enc) {
   cudaStream_t stream = enc.stream();
+  free_deferred();
   void* ptr = nullptr;
   if (bytes > 0) {
     check_cuda(cudaMallocAsync(&ptr, bytes, stream), "cudaMallocAsync");
@@ -50,7 +78,12 @@ mx::allocator::Data device_data(size_t bytes, cu::CommandEncoder& enc) {
     auto* cb = static_cast<cu::CudaBuffer*>(b.ptr());
     if (cb->data) {
       if (cb->device >= 0) {
-        cudaFreeAsync(cb->data, stream);
+        if (capturing(stream)) {
+          std::lock_guard<std::mutex> lock(g_deferred_mu);
+          g_deferred.emplace_back(cb->data, stream);
+        } else {
+          cudaFreeAsync(cb->data, stream);
+        }
       } else {
         cudaPointerAttributes attr{};
         if (cudaPointerGetAttributes(&attr, cb->data) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
@@ -142,10 +175,10 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   static const char* path_env = env_or_null("MLX_FP4_CUDA_PATH");
   static const char* tc_env = env_or_null("MLX_FP4_CUDA_TC");
   const bool vec = cuda::vector_loads_ok(p, a.x, a.w);
-  cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, path_env, tc_env);
   // MLX_FP4_CUDA_STAGED=0 keeps the register-prefetch tensor-core kernel (tests, A/B timing).
   static const char* staged_env = env_or_null("MLX_FP4_CUDA_STAGED");
-  plan.staged = !(staged_env && !std::strcmp(staged_env, "0")) && cuda::staged_loads_ok(p, a.x, a.w, a.scales);
+  const bool staged = !(staged_env && !std::strcmp(staged_env, "0")) && cuda::staged_loads_ok(p, a.x, a.w, a.scales);
+  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, staged, path_env, tc_env);
 
   if (plan.path == Path::kTensorCore || plan.path == Path::kSimt) {
     for (const auto& in : inputs) enc.set_input_array(in);

@@ -20,6 +20,8 @@ enum : int {
   kStages = 4,
   kStageScaleBytes = 4,     // scale bytes one lane copies per weight row and step (cp.async minimum)
   kMaxStagedColTiles = 4,   // x-row tiles of the staged kernel (M <= 32; more would spill)
+  kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
+  kStagedTcMaxM = 64,       // the staged kernel beats dequantize + cuBLASLt up to here (H200)
 
   // SIMT kernel (float32 x and the generic path): one warp per weight row, 4 x rows per pass.
   kSimtWarps = 8,
