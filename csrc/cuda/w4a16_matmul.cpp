@@ -10,7 +10,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "../primitives.h"
@@ -37,26 +36,54 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
-// Frees of our buffers that arrived while their stream was being captured into a graph (MLX
-// captures cuBLAS calls, e.g. mx.matmul's, on the same stream): a cudaFreeAsync then would put a
-// memory node into a captured child graph, which CUDA rejects ("cudaGraphAddChildGraphNode ...
-// operation not supported", seen in the benchmark). They are freed at the next uncaptured moment.
+// Frees of our buffers that arrive while their stream is being captured into a graph (MLX captures
+// cuBLAS calls, e.g. mx.matmul's, on the same stream, and releases buffers from completion handlers
+// on other threads): a cudaFreeAsync then would put a memory node into a captured child graph, which
+// CUDA rejects ("cudaGraphAddChildGraphNode ... operation not supported", seen in the benchmark), and a
+// cudaFree would invalidate the capture. They are freed at the next uncaptured moment instead.
+struct PendingFree {
+  void* ptr;
+  cudaStream_t stream;
+  bool on_device;  // pool memory (cudaFreeAsync), else the unified copy MLX made for a host read
+};
 std::mutex g_deferred_mu;
-std::vector<std::pair<void*, cudaStream_t>> g_deferred;
+std::vector<PendingFree> g_deferred;
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
 }
 
+void free_now(const PendingFree& f) {
+  if (f.on_device) {
+    cudaFreeAsync(f.ptr, f.stream);
+    return;
+  }
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, f.ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
+    cudaFreeHost(f.ptr);
+  } else {
+    cudaFree(f.ptr);
+  }
+}
+
+void free_or_defer(const PendingFree& f) {
+  if (capturing(f.stream)) {
+    std::lock_guard<std::mutex> lock(g_deferred_mu);
+    g_deferred.push_back(f);
+  } else {
+    free_now(f);
+  }
+}
+
 void free_deferred() {
   std::lock_guard<std::mutex> lock(g_deferred_mu);
   auto keep = g_deferred.begin();
   for (auto it = g_deferred.begin(); it != g_deferred.end(); ++it) {
-    if (capturing(it->second)) {
+    if (capturing(it->stream)) {
       *keep++ = *it;
     } else {
-      cudaFreeAsync(it->first, it->second);
+      free_now(*it);
     }
   }
   g_deferred.erase(keep, g_deferred.end());
@@ -76,23 +103,7 @@ mx::allocator::Data device_data(size_t bytes, cu::CommandEncoder& enc) {
   auto* buf = new cu::CudaBuffer{ptr, bytes, bytes > 0 ? enc.device().cuda_device() : -1};
   return mx::allocator::Data(mx::allocator::Buffer(buf), [stream](mx::allocator::Buffer b) {
     auto* cb = static_cast<cu::CudaBuffer*>(b.ptr());
-    if (cb->data) {
-      if (cb->device >= 0) {
-        if (capturing(stream)) {
-          std::lock_guard<std::mutex> lock(g_deferred_mu);
-          g_deferred.emplace_back(cb->data, stream);
-        } else {
-          cudaFreeAsync(cb->data, stream);
-        }
-      } else {
-        cudaPointerAttributes attr{};
-        if (cudaPointerGetAttributes(&attr, cb->data) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
-          cudaFreeHost(cb->data);
-        } else {
-          cudaFree(cb->data);
-        }
-      }
-    }
+    if (cb->data) free_or_defer(PendingFree{cb->data, stream, cb->device >= 0});
     delete cb;
   });
 }
