@@ -19,7 +19,7 @@ enum : int {
   // through a private ring of kStages steps in shared memory (cp.async), kStages - 1 steps ahead.
   kStages = 4,
   kStageScaleBytes = 4,     // scale bytes one lane copies per weight row and step (cp.async minimum)
-  kMaxStagedColTiles = 4,   // x-row tiles of the staged kernel (M <= 32; more would spill)
+  kMaxStagedColTiles = 4,   // x-row tiles of 8 per staged block (32 rows of x; wider would spill)
   kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
   kStagedTcMaxM = 64,       // the staged kernel beats dequantize + cuBLASLt up to here (H200)
 
