@@ -16,7 +16,7 @@ from mlx_fp4.bench import shapes, timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_KEYS = {"label", "status", "weight_bytes", "us", "us_min", "gbps_weights", "tflops", "seconds", "seconds_min",
-               "repeats", "products_per_eval", "warmup_evals", "weight_copies"}
+               "repeats", "products_per_eval", "warmup_evals", "weight_copies", "first_call_s"}
 POINT_KEYS = {"shape", "n", "k", "m", "flops", "weight_bytes", "traffic_bytes", "weights_fit_llc", "results",
               "roofline", "speedup"}
 
@@ -141,4 +141,26 @@ def test_measure_one_time_cost_is_not_planned_from():
 
     m = timing.measure(run, timing.TimingConfig(repeats=3, budget_s=4.0, max_products=32, warmup_s=0.0))
     assert m.status == timing.OK and m.products_per_eval == 32 and m.repeats == 3
-    assert math.isclose(m.seconds, 1e-4)
+    assert math.isclose(m.seconds, 1e-4) and m.first_call_s == 3.0
+
+
+def test_measure_first_product_over_budget_is_not_the_time():
+    """A first product longer than the whole budget (seen: a 31-47 s kernel build) is not reported."""
+    calls = []
+
+    def run(count):
+        calls.append(count)
+        return 40.0 if len(calls) == 1 else 1e-4 * count
+
+    m = timing.measure(run, timing.TimingConfig(repeats=3, budget_s=10.0, max_products=32, warmup_s=0.0))
+    assert m.status == timing.OK and math.isclose(m.seconds, 1e-4) and m.repeats == 3
+    assert m.first_call_s == 40.0
+
+    calls.clear()
+
+    def slow(count):  # slow every time: the second product is the single sample
+        calls.append(count)
+        return 12.0 * count
+
+    m = timing.measure(slow, timing.TimingConfig(repeats=3, budget_s=10.0, max_products=32, warmup_s=0.0))
+    assert m.status == timing.OK and m.seconds == 12.0 and m.repeats == 1 and calls == [1, 1]
