@@ -79,12 +79,15 @@ EOF
 }
 
 build_harness() {
-  [ -x build/gpu/kernel_harness ] && [ build/gpu/kernel_harness -nt csrc/cuda/w4a16_matmul.cu ] && return 0
+  # The kernels live in csrc/cuda/*.cuh (one translation unit) and read csrc/shared/*.h.
+  local newest
+  newest="$(ls -t csrc/cuda/* csrc/shared/* | head -1)"
+  [ -x build/gpu/kernel_harness ] && [ build/gpu/kernel_harness -nt "$newest" ] && return 0
   mkdir -p build/gpu
   # Reuse the kernels object of the extension build when there is one (same source, same flags).
   local kobj
   kobj="$(find build/gpu -name 'w4a16_matmul.cu.o' 2>/dev/null | head -1)"
-  [ -n "$kobj" ] && [ "$kobj" -nt csrc/cuda/w4a16_matmul.cu ] || kobj=csrc/cuda/w4a16_matmul.cu
+  [ -n "$kobj" ] && [ "$kobj" -nt "$newest" ] || kobj=csrc/cuda/w4a16_matmul.cu
   # cuBLASLt: the toolkit's, else the nvidia-cublas wheel's (the copy libmlx loads).
   local lt=(-lcublasLt) nv
   if [ ! -e /usr/local/cuda/lib64/libcublasLt.so ]; then
