@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../shared/w4a16_problem.h"
+#include "w4a16_plan.h"
 
 namespace mlx_fp4 {
 namespace cuda {
@@ -46,39 +47,6 @@ struct Launch {
   dim3 block;
   unsigned smem = 0;
 };
-
-enum class Path : int { kSimt = 0, kTensorCore = 1, kDequantGemm = 2 };
-
-// Tensor-core kernel configuration: x-row tiles of 8 per block (mt), weight-row tiles of 16 per
-// warp (rt), warps per block splitting K (kw).
-struct TcConfig {
-  int mt = 1, rt = 1, kw = 8;
-};
-
-struct DeviceInfo {
-  int sm_count = 132;
-  int cc_major = 9;
-  int cc_minor = 0;
-};
-
-struct Plan {
-  Path path = Path::kSimt;
-  TcConfig tc;
-  bool vec = false;     // 16-byte loads allowed (alignment and K % 8 checked)
-  bool staged = false;  // the staged tensor-core kernel applies (staged_loads_ok)
-};
-
-// True when 16-byte loads of w rows and x rows are aligned for this problem and these pointers.
-bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w);
-// True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
-// step, and 4-byte aligned scale rows.
-bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales);
-
-// Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
-// `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant,
-// MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
-Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
-                const char* path_override, const char* tc_override);
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
 Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged);

@@ -79,8 +79,6 @@ CUfunction tc_func_t(int mt, int rt, bool vec) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 unsigned grid_for_elements(int64_t items) {
   int64_t blocks = ceil_div(items, kElementwiseThreads);
   const int64_t cap = 65535LL * 16;  // grid-stride loops cover the rest
@@ -89,85 +87,7 @@ unsigned grid_for_elements(int64_t items) {
   return static_cast<unsigned>(blocks);
 }
 
-bool parse_tc(const char* s, TcConfig& cfg) {
-  int mt = 0, rt = 0, kw = 0;
-  if (!s || std::sscanf(s, "%d,%d,%d", &mt, &rt, &kw) != 3) return false;
-  if (mt != 1 && mt != 2 && mt != 4 && mt != 8) return false;
-  if (rt != 1 && rt != 2) return false;
-  if (mt * rt > 8 || kw < 1 || kw > kMaxWarpsPerBlock) return false;
-  cfg = TcConfig{mt, rt, kw};
-  return true;
-}
-
 }  // namespace
-
-bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w) {
-  return p.k % 8 == 0 && p.w_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w) % 16 == 0;
-}
-
-bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
-  return vector_loads_ok(p, x, w) && p.k % kStepK == 0 && p.scale_row_bytes % kStageScaleBytes == 0 &&
-         reinterpret_cast<uintptr_t>(scales) % kStageScaleBytes == 0;
-}
-
-// Dispatch. Crossovers measured on an H200 (docs/cuda.md): tensor-core kernel up to
-// kTcMaxM rows of x, then dequantize + cuBLAS; float32 x uses the SIMT kernel while M is small.
-namespace {
-constexpr int64_t kTcMaxM = 32;
-constexpr int64_t kSimtMaxM = 32;
-
-// Measured on the H200 (docs/cuda.md): about 2048 warps in flight is best; two weight-row tiles
-// per warp (rt = 2, x fragments reused twice) when N still gives every SM a block, and warps per
-// block (kw) splitting K up to 16 warps per SM, with at least 2 steps of K per warp.
-// The staged kernel (its own measured optimum, docs/cuda.md): always two row tiles per warp, and
-// warps per block doubled while the grid stays within about 8 warps per SM (8192^2: 4, 14336 x
-// 4096: 2, 4096 x 14336: 8), since its ring already keeps 3 steps per warp in flight.
-TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool staged) {
-  TcConfig c;
-  const int64_t m = p.m;
-  c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-  if (staged && m <= kStagedTcMaxM && c.mt > kMaxStagedColTiles) c.mt = kMaxStagedColTiles;
-  const bool staged_tile = staged && c.mt <= kMaxStagedColTiles;
-  c.rt = (c.mt * 2 <= 8 && (staged_tile || ceil_div(p.n, 2 * kMmaRows) >= dev.sm_count)) ? 2 : 1;
-  const int64_t blocks = ceil_div(p.m, kMmaCols * c.mt) * ceil_div(p.n, kMmaRows * c.rt);
-  const int64_t nsteps = ceil_div(p.k, kStepK);
-  const int64_t warp_budget = int64_t(dev.sm_count) * (staged_tile ? kStagedWarpsPerSm : 2 * kStagedWarpsPerSm);
-  int kw = 1;
-  if (staged_tile) {
-    while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw * 2) kw *= 2;
-  } else {
-    while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw) kw *= 2;
-  }
-  c.kw = kw;
-  return c;
-}
-}  // namespace
-
-Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
-                const char* path_override, const char* tc_override) {
-  Plan plan;
-  plan.vec = vec;
-  plan.staged = vec && staged;
-  const bool half_x = p.x_dtype == fp4::kDtypeBF16 || p.x_dtype == fp4::kDtypeF16;
-  plan.tc = auto_tc_config(p, dev, plan.staged);
-  if (half_x) {
-    // Past kTcMaxM the staged kernel (x tiles of 32 rows) still beats dequantize + cuBLASLt up
-    // to kStagedTcMaxM when its grid gets at least 2 warps per block (measured, docs/cuda.md).
-    const bool staged_mid = plan.staged && p.m <= kStagedTcMaxM && plan.tc.kw >= 2;
-    plan.path = (p.m <= kTcMaxM || staged_mid) ? Path::kTensorCore : Path::kDequantGemm;
-  } else {
-    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
-  }
-  if (path_override && *path_override) {
-    if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
-    if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;
-    if (!std::strcmp(path_override, "tc") && half_x) plan.path = Path::kTensorCore;
-  }
-  TcConfig forced;
-  if (parse_tc(tc_override, forced)) plan.tc = forced;
-  return plan;
-}
 
 Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged) {
   Launch l;

@@ -1,0 +1,130 @@
+// Kernel choice of the CUDA backend: path and tensor-core tiles for a problem, from crossovers
+// measured on an H200 (docs/cuda.md). Host-only and free of CUDA headers, so that the CPU test
+// suite checks the dispatch table (tests/test_cuda_plan.py builds tests/cpp/cuda_plan_main.cpp).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "../shared/tiling_cuda.h"
+#include "../shared/w4a16_problem.h"
+
+namespace mlx_fp4 {
+namespace cuda {
+
+enum class Path : int { kSimt = 0, kTensorCore = 1, kDequantGemm = 2 };
+
+// Tensor-core kernel configuration: x-row tiles of 8 per block (mt), weight-row tiles of 16 per
+// warp (rt), warps per block splitting K (kw).
+struct TcConfig {
+  int mt = 1, rt = 1, kw = 8;
+};
+
+struct DeviceInfo {
+  int sm_count = 132;
+  int cc_major = 9;
+  int cc_minor = 0;
+};
+
+struct Plan {
+  Path path = Path::kSimt;
+  TcConfig tc;
+  bool vec = false;     // 16-byte loads allowed (alignment and K % 8 checked)
+  bool staged = false;  // the staged tensor-core kernel applies (staged_loads_ok)
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// True when 16-byte loads of w rows and x rows are aligned for this problem and these pointers.
+inline bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w) {
+  return p.k % 8 == 0 && p.w_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+// True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
+// step, and 4-byte aligned scale rows.
+inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
+  using namespace fp4::cuda_tiling;
+  return vector_loads_ok(p, x, w) && p.k % kStepK == 0 && p.scale_row_bytes % kStageScaleBytes == 0 &&
+         reinterpret_cast<uintptr_t>(scales) % kStageScaleBytes == 0;
+}
+
+namespace plan_detail {
+using namespace fp4::cuda_tiling;
+
+// Crossovers on M measured on an H200: tensor cores up to kTcMaxM rows of x (the staged kernel
+// up to kStagedTcMaxM), then dequantize + cuBLASLt; float32 x: SIMT while M <= kSimtMaxM.
+constexpr int64_t kTcMaxM = 32;
+constexpr int64_t kSimtMaxM = 32;
+// Warps per SM the register-prefetch tensor-core kernel's grid may reach (about 2048 in flight).
+constexpr int64_t kTcWarpsPerSm = 16;
+
+// "mt,rt,kw" (MLX_FP4_CUDA_TC), or false when malformed.
+inline bool parse_tc(const char* s, TcConfig& cfg) {
+  int mt = 0, rt = 0, kw = 0;
+  if (!s || std::sscanf(s, "%d,%d,%d", &mt, &rt, &kw) != 3) return false;
+  if (mt != 1 && mt != 2 && mt != 4 && mt != 8) return false;
+  if (rt != 1 && rt != 2) return false;
+  if (mt * rt > 8 || kw < 1 || kw > kMaxWarpsPerBlock) return false;
+  cfg = TcConfig{mt, rt, kw};
+  return true;
+}
+
+// Register-prefetch kernel: two weight-row tiles per warp (x fragments reused twice) when N still
+// gives every SM a block, and warps per block (kw) splitting K up to kTcWarpsPerSm warps per SM,
+// with at least 4 steps of K per warp.
+// Staged kernel (its own measured optimum): always two row tiles per warp, and warps per block
+// doubled while the grid stays within kStagedWarpsPerSm (8192^2: 4, 14336 x 4096: 2, 4096 x
+// 14336: 8), since its ring already keeps 3 steps per warp in flight.
+inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool staged) {
+  TcConfig c;
+  const int64_t m = p.m;
+  c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+  if (staged && m <= kStagedTcMaxM && c.mt > kMaxStagedColTiles) c.mt = kMaxStagedColTiles;
+  const bool staged_tile = staged && c.mt <= kMaxStagedColTiles;
+  c.rt = (c.mt * 2 <= 8 && (staged_tile || ceil_div(p.n, 2 * kMmaRows) >= dev.sm_count)) ? 2 : 1;
+  const int64_t blocks = ceil_div(p.m, kMmaCols * c.mt) * ceil_div(p.n, kMmaRows * c.rt);
+  const int64_t nsteps = ceil_div(p.k, kStepK);
+  const int64_t warp_budget = int64_t(dev.sm_count) * (staged_tile ? kStagedWarpsPerSm : kTcWarpsPerSm);
+  int kw = 1;
+  if (staged_tile) {
+    while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw * 2) kw *= 2;
+  } else {
+    while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw) kw *= 2;
+  }
+  c.kw = kw;
+  return c;
+}
+}  // namespace plan_detail
+
+// Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
+// `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant,
+// MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
+inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
+                       const char* path_override, const char* tc_override) {
+  using namespace plan_detail;
+  Plan plan;
+  plan.vec = vec;
+  plan.staged = vec && staged;
+  const bool half_x = p.x_dtype == fp4::kDtypeBF16 || p.x_dtype == fp4::kDtypeF16;
+  plan.tc = auto_tc_config(p, dev, plan.staged);
+  if (half_x) {
+    // Past kTcMaxM the staged kernel (x tiles of 32 rows) still beats dequantize + cuBLASLt up
+    // to kStagedTcMaxM when its grid gets at least 2 warps per block (measured, docs/cuda.md).
+    const bool staged_mid = plan.staged && p.m <= kStagedTcMaxM && plan.tc.kw >= 2;
+    plan.path = (p.m <= kTcMaxM || staged_mid) ? Path::kTensorCore : Path::kDequantGemm;
+  } else {
+    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
+  }
+  if (path_override && *path_override) {
+    if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
+    if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;
+    if (!std::strcmp(path_override, "tc") && half_x) plan.path = Path::kTensorCore;
+  }
+  TcConfig forced;
+  if (parse_tc(tc_override, forced)) plan.tc = forced;
+  return plan;
+}
+
+}  // namespace cuda
+}  // namespace mlx_fp4

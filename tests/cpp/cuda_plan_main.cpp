@@ -1,0 +1,60 @@
+// Prints the CUDA backend's kernel choice (csrc/cuda/w4a16_plan.h, no CUDA needed) for problems read
+// from stdin, one per line:
+//   plan N K M dtype(bf16|f16|f32) vec(0|1) staged(0|1) [path_override|-] [tc_override|-]
+//     -> "path mt rt kw staged"          (path: simt | tc | dequant)
+//   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
+//     -> "vector staged"                 (vector_loads_ok, staged_loads_ok on those addresses)
+// Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90).
+#include <cstdint>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "cuda/w4a16_plan.h"
+
+namespace {
+
+using namespace mlx_fp4::cuda;
+
+int dtype_code(const std::string& s) {
+  if (s == "f32") return fp4::kDtypeF32;
+  if (s == "f16") return fp4::kDtypeF16;
+  return fp4::kDtypeBF16;
+}
+
+const char* path_name(Path p) {
+  return p == Path::kTensorCore ? "tc" : p == Path::kSimt ? "simt" : "dequant";
+}
+
+}  // namespace
+
+int main() {
+  const DeviceInfo h200{132, 9, 0};
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string what;
+    in >> what;
+    fp4::W4A16Problem p{};
+    if (what == "plan") {
+      std::string dt, path_o = "-", tc_o = "-";
+      int vec = 0, staged = 0;
+      in >> p.n >> p.k >> p.m >> dt >> vec >> staged >> path_o >> tc_o;
+      p.x_dtype = dtype_code(dt);
+      const Plan plan = plan_w4a16(p, h200, vec != 0, staged != 0, path_o == "-" ? nullptr : path_o.c_str(),
+                                   tc_o == "-" ? nullptr : tc_o.c_str());
+      std::cout << path_name(plan.path) << ' ' << plan.tc.mt << ' ' << plan.tc.rt << ' ' << plan.tc.kw << ' '
+                << int(plan.staged) << '\n';
+    } else if (what == "loads") {
+      uintptr_t x = 0, w = 0, s = 0;
+      in >> p.k >> p.w_row_bytes >> p.scale_row_bytes >> x >> w >> s;
+      const auto* xp = reinterpret_cast<const void*>(x);
+      const auto* wp = reinterpret_cast<const void*>(w);
+      const auto* sp = reinterpret_cast<const void*>(s);
+      std::cout << int(vector_loads_ok(p, xp, wp)) << ' ' << int(staged_loads_ok(p, xp, wp, sp)) << '\n';
+    } else {
+      std::cout << "?\n";
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,95 @@
+"""The CUDA backend's dispatch table (csrc/cuda/w4a16_plan.h), checked on any machine.
+
+The kernel choice is host arithmetic without CUDA, so CI (no GPU) compiles it into a small driver
+(tests/cpp/cuda_plan_main.cpp) and checks the choices docs/cuda.md reports as measured on an H200:
+tile configurations, the M crossovers and the conditions of the staged kernel.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("cuda_plan") / "cuda_plan"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", os.path.join(ROOT, "csrc"),
+                    os.path.join(ROOT, "tests", "cpp", "cuda_plan_main.cpp"), "-o", str(exe)],
+                   check=True, timeout=300)
+
+    def run(*lines):
+        out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                             check=True, timeout=60).stdout.split("\n")
+        return [tuple(line.split()) for line in out if line]
+
+    return run
+
+
+def plan(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-"):
+    (res,) = driver(f"plan {n} {k} {m} {dtype} {vec} {staged} {path} {tc}")
+    kind, mt, rt, kw, st = res
+    return kind, f"{mt}/{rt}/{kw}", st == "1"
+
+
+# (N, K, M) -> (path, mt/rt/kw): the staged kernel's measured best tiles (kernel_tiles_*_h200.csv).
+MEASURED_STAGED = {
+    (8192, 8192, 1): ("tc", "1/2/4"),
+    (8192, 8192, 8): ("tc", "1/2/4"),
+    (8192, 8192, 16): ("tc", "2/2/4"),
+    (8192, 8192, 32): ("tc", "4/2/4"),
+    (8192, 8192, 64): ("tc", "4/2/2"),
+    (14336, 4096, 1): ("tc", "1/2/2"),
+    (14336, 4096, 16): ("tc", "2/2/2"),
+    (14336, 4096, 32): ("tc", "4/2/2"),
+    (4096, 14336, 1): ("tc", "1/2/8"),
+    (4096, 14336, 16): ("tc", "2/2/8"),
+    (4096, 14336, 32): ("tc", "4/2/8"),
+    (4096, 14336, 64): ("tc", "4/2/4"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_STAGED), ids=lambda s: "{}x{}-M{}".format(*s))
+def test_staged_tiles_are_the_measured_ones(driver, shape):
+    kind, tiles, staged = plan(driver, *shape)
+    assert (kind, tiles) == MEASURED_STAGED[shape] and staged
+
+
+def test_m_crossovers(driver):
+    # Staged kernel up to M = 64 when its grid gets >= 2 warps per block, then dequantize + cuBLASLt.
+    assert plan(driver, 8192, 8192, 96)[0] == "dequant"
+    assert plan(driver, 14336, 4096, 64)[0] == "dequant"  # the rule gives kw = 1 there: measured slower
+    assert plan(driver, 8192, 8192, 33, "f16")[0] == "tc"
+    # Without the staged kernel (K % 128 != 0, unaligned, or disabled): tensor cores up to M = 32.
+    assert plan(driver, 8192, 8192, 32, staged=0) == ("tc", "4/2/8", False)
+    assert plan(driver, 8192, 8192, 33, staged=0)[0] == "dequant"
+    assert plan(driver, 8192, 8192, 1, staged=0) == ("tc", "1/2/8", False)
+    assert plan(driver, 8192, 8192, 1, vec=0, staged=1)[2] is False  # staged needs vector loads
+    # float32 x: SIMT while M <= 32.
+    assert plan(driver, 4096, 4096, 32, "f32")[0] == "simt"
+    assert plan(driver, 4096, 4096, 33, "f32")[0] == "dequant"
+
+
+def test_overrides(driver):
+    assert plan(driver, 4096, 4096, 1, path="simt")[0] == "simt"
+    assert plan(driver, 4096, 4096, 512, path="tc")[0] == "tc"
+    assert plan(driver, 4096, 4096, 1, "f32", path="tc")[0] == "simt"  # no tensor cores for fp32 x
+    assert plan(driver, 4096, 4096, 4096, path="dequant")[0] == "dequant"
+    assert plan(driver, 4096, 4096, 1, tc="2,1,3")[1] == "2/1/3"
+    assert plan(driver, 4096, 4096, 1, tc="9,9,9")[1] == "1/2/8"  # malformed: ignored
+
+
+def test_load_conditions(driver):
+    aligned = "4096 4096 512 1024 2048 4096"  # K, row bytes, scale row bytes, x, w, scales addresses
+    assert driver(f"loads {aligned}") == [("1", "1")]
+    assert driver("loads 4104 2052 257 1024 2048 4096") == [("0", "0")]  # K % 8 != 0
+    assert driver("loads 4160 2080 260 1024 2048 4096") == [("1", "0")]  # K % 128 != 0
+    assert driver("loads 4096 2048 256 1032 2048 4096") == [("0", "0")]  # x not 16-byte aligned
+    assert driver("loads 4096 2048 256 1024 2048 4098") == [("1", "0")]  # scales not 4-byte aligned
+    assert driver("loads 4096 2064 256 1024 2048 4096") == [("1", "1")]  # padded rows are fine
