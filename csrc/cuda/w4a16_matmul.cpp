@@ -36,11 +36,14 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
-// Frees of our buffers that arrive while their stream is being captured into a graph (MLX captures
-// cuBLAS calls, e.g. mx.matmul's, on the same stream, and releases buffers from completion handlers
-// on other threads): a cudaFreeAsync then would put a memory node into a captured child graph, which
-// CUDA rejects ("cudaGraphAddChildGraphNode ... operation not supported", seen in the benchmark), and a
-// cudaFree would invalidate the capture. They are freed at the next uncaptured moment instead.
+// Our buffers are never freed in their deleter. MLX releases arrays from completion handlers on
+// other threads while its eval thread may be capturing cuBLAS calls (its mx.matmul, our GEMM) on
+// the same stream: a cudaFreeAsync landing in that capture puts a memory node into a child graph,
+// which CUDA rejects ("cudaGraphAddChildGraphNode ... operation not supported", seen in the
+// benchmark), and a cudaFree invalidates it. Checking cudaStreamIsCapturing in the deleter leaves a
+// race (a capture can begin right after the check), so the deleter only queues the pointer and
+// device_data(), which runs in eval_gpu outside any capture, frees the queue. By then the GPU is
+// done with those buffers: MLX keeps an array alive until the work that uses it has completed.
 struct PendingFree {
   void* ptr;
   cudaStream_t stream;
@@ -67,13 +70,9 @@ void free_now(const PendingFree& f) {
   }
 }
 
-void free_or_defer(const PendingFree& f) {
-  if (capturing(f.stream)) {
-    std::lock_guard<std::mutex> lock(g_deferred_mu);
-    g_deferred.push_back(f);
-  } else {
-    free_now(f);
-  }
+void defer_free(const PendingFree& f) {
+  std::lock_guard<std::mutex> lock(g_deferred_mu);
+  g_deferred.push_back(f);
 }
 
 void free_deferred() {
@@ -103,7 +102,7 @@ mx::allocator::Data device_data(size_t bytes, cu::CommandEncoder& enc) {
   auto* buf = new cu::CudaBuffer{ptr, bytes, bytes > 0 ? enc.device().cuda_device() : -1};
   return mx::allocator::Data(mx::allocator::Buffer(buf), [stream](mx::allocator::Buffer b) {
     auto* cb = static_cast<cu::CudaBuffer*>(b.ptr());
-    if (cb->data) free_or_defer(PendingFree{cb->data, stream, cb->device >= 0});
+    if (cb->data) defer_free(PendingFree{cb->data, stream, cb->device >= 0});
     delete cb;
   });
 }
