@@ -110,7 +110,8 @@ step_tests() {
     echo "== MLX_FP4_CUDA_PATH=$path"
     if [ "$path" = auto ]; then
       # One pytest per file, so that a crash in one file does not hide the others.
-      for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py tests/test_linkage.py; do
+      for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py \
+               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py; do
         "$PY" -m pytest -v -p no:cacheprovider --tb=line -rf "$f" || rc=1
       done
     elif [ "$path" = tc-unstaged ]; then
