@@ -109,10 +109,11 @@ step_tests() {
   for path in ${TEST_PATHS:-auto tc tc-unstaged simt dequant}; do
     echo "== MLX_FP4_CUDA_PATH=$path"
     if [ "$path" = auto ]; then
-      # One pytest per file, so that a crash in one file does not hide the others.
+      # One pytest per file, so that a crash in one file does not hide the others; --capture=sys
+      # leaves file descriptor 2 alone, so a C++ abort message (terminate, CUDA) reaches the log.
       for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py \
                tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py; do
-        "$PY" -m pytest -v -p no:cacheprovider --tb=line -rf "$f" || rc=1
+        "$PY" -m pytest -v -p no:cacheprovider --capture=sys --tb=line -rf "$f" || rc=1
       done
     elif [ "$path" = tc-unstaged ]; then
       # The register-prefetch tensor-core kernel (the staged kernel's fallback), forced everywhere.
