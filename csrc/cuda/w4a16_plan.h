@@ -52,13 +52,6 @@ inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const voi
 namespace plan_detail {
 using namespace fp4::cuda_tiling;
 
-// Crossovers on M measured on an H200: tensor cores up to kTcMaxM rows of x (the staged kernel
-// up to kStagedTcMaxM), then dequantize + cuBLASLt; float32 x: SIMT while M <= kSimtMaxM.
-constexpr int64_t kTcMaxM = 32;
-constexpr int64_t kSimtMaxM = 32;
-// Warps per SM the register-prefetch tensor-core kernel's grid may reach (about 2048 in flight).
-constexpr int64_t kTcWarpsPerSm = 16;
-
 // "mt,rt,kw" (MLX_FP4_CUDA_TC), or false when malformed.
 inline bool parse_tc(const char* s, TcConfig& cfg) {
   int mt = 0, rt = 0, kw = 0;

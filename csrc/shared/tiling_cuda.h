@@ -23,6 +23,13 @@ enum : int {
   kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
   kStagedTcMaxM = 64,       // the staged kernel beats dequantize + cuBLASLt up to here (H200)
 
+  // Dispatch (csrc/cuda/w4a16_plan.h), crossovers on M measured on an H200: tensor cores up to
+  // kTcMaxM rows of x (the staged kernel up to kStagedTcMaxM), then dequantize + cuBLASLt;
+  // float32 x: SIMT while M <= kSimtMaxM.
+  kTcMaxM = 32,
+  kSimtMaxM = 32,
+  kTcWarpsPerSm = 16,       // the register-prefetch kernel's grid: up to ~2048 warps in flight
+
   // SIMT kernel (float32 x and the generic path): one warp per weight row, 4 x rows per pass.
   kSimtWarps = 8,
   kSimtRows = 4,
