@@ -101,6 +101,19 @@ bool g_staged = true;  // use the staged tensor-core kernel where it applies (st
 DevBuf* g_ws = nullptr;
 constexpr size_t kWsBytes = size_t(32) << 20;
 
+// A bf16-in, bf16-out problem (the timing and profiling shapes).
+fp4::W4A16Problem bf16_problem(int64_t m, int64_t n, int64_t k, int64_t wrb, int64_t srb) {
+  fp4::W4A16Problem p{};
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.w_row_bytes = wrb;
+  p.scale_row_bytes = srb;
+  p.x_dtype = fp4::kDtypeBF16;
+  p.out_dtype = fp4::kDtypeBF16;
+  return p;
+}
+
 // One product by the given path into a.out (device pointers in a). For dequant: wd/acc scratch.
 void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc, cudaStream_t s) {
   const fp4::W4A16Problem& p = a.p;
@@ -468,14 +481,7 @@ void run_bench(bool quick, bool small, bool mid) {
       CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
     }
     for (int64_t M : ms) {
-      fp4::W4A16Problem p{};
-      p.m = M;
-      p.n = N;
-      p.k = K;
-      p.w_row_bytes = wrb;
-      p.scale_row_bytes = srb;
-      p.x_dtype = fp4::kDtypeBF16;
-      p.out_dtype = fp4::kDtypeBF16;
+      const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
       W4A16Args a{};
       a.x = dx.p;
       a.out = dout.p;
@@ -570,14 +576,7 @@ void run_profile() {
   CK(cudaMemset(ds.p, 0x38, ds.bytes));
   CK(cudaMemset(dx.p, 0x3c, dx.bytes));
   for (int64_t M : {1, 16}) {
-    fp4::W4A16Problem p{};
-    p.m = M;
-    p.n = N;
-    p.k = K;
-    p.w_row_bytes = wrb;
-    p.scale_row_bytes = srb;
-    p.x_dtype = fp4::kDtypeBF16;
-    p.out_dtype = fp4::kDtypeBF16;
+    const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
     W4A16Args a{};
     a.x = dx.p;
     a.w = static_cast<const uint8_t*>(dw.p);

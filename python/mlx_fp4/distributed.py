@@ -109,24 +109,6 @@ def _check_sharding(sharding, where):
         )
 
 
-def _as_global_scale(value, where):
-    """None, a python number or a one-element float array -> fp32 0-d array."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"[{where}] global_scale expected a float but got a bool.")
-    if isinstance(value, (int, float)):
-        return mx.array(float(value), dtype=mx.float32)
-    if isinstance(value, mx.array) and value.size == 1 and mx.issubdtype(value.dtype, mx.floating):
-        return value.reshape(()).astype(mx.float32)
-    raise ValueError(
-        f"[{where}] global_scale expected None, a float or a one-element float array "
-        f"but got {type(value).__name__}"
-        + (f" {value.dtype} {tuple(value.shape)}" if isinstance(value, mx.array) else "")
-        + "."
-    )
-
-
 def _segment_bounds(total: int, segments: Segments, where: str) -> List[int]:
     """Segment boundaries [0, ..., total] on the logical axis.
 
@@ -307,7 +289,9 @@ class _FP4Sharded(nn.Module):
 
     def __setattr__(self, key, val):
         if key == "global_scale":
-            object.__setattr__(self, "_global_scale", _as_global_scale(val, type(self).__name__))
+            from .nn import _as_global_scale  # nn imports this module at its end
+
+            object.__setattr__(self, "_global_scale", _as_global_scale(val, f"{type(self).__name__}.global_scale"))
             return
         super().__setattr__(key, val)
 
