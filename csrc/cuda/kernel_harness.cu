@@ -373,8 +373,8 @@ void run_checks(bool quick) {
       {8, 1024, 4096, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 0},
       {4, 64, 264, fp4::kDtypeF32, fp4::kDtypeF32, true, 1},
       {300, 64, 256, fp4::kDtypeF32, fp4::kDtypeBF16, false, 3},
-      // Staged tensor-core kernel (K % 256 == 0): padded rows and N % 32 != 0, a last stage
-      // that is partly past K (6 and 20 steps in stages of kw), a long K.
+      // Staged tensor-core kernel (K % 256 == 0, stages of two steps): padded rows and N % 32 != 0,
+      // warps with fewer stages than others or none (3 and 10 stages over kw warps), a long K.
       {3, 136, 1024, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 1, 16},
       {24, 100, 768, fp4::kDtypeF16, fp4::kDtypeBF16, false, 2},
       {1, 2048, 8192, fp4::kDtypeBF16, fp4::kDtypeF32, true, 0},
@@ -382,6 +382,10 @@ void run_checks(bool quick) {
       // M in (32, 64]: the staged kernel with several x tiles of 32 rows (automatic choice).
       {64, 200, 1024, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 2},
       {50, 96, 512, fp4::kDtypeF16, fp4::kDtypeF32, false, 1, 16},
+      // Staged kernel with stages of one step (K % 128 == 0, K % 256 != 0: 8-byte scale copies).
+      {5, 72, 384, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 1, 16},
+      {40, 160, 1152, fp4::kDtypeF16, fp4::kDtypeBF16, false, 0},
+      {2, 1000, 4992, fp4::kDtypeBF16, fp4::kDtypeF32, true, 2},
   };
   for (const auto& c : cases) {
     const bool half_x = c.x_dtype != fp4::kDtypeF32;

@@ -56,17 +56,27 @@ CUfunction tc_func_rt(bool vec) {
   return func_of(w4a16_tc_kernel<T, MT, 1, false>);  // guarded loads: one variant per MT is enough
 }
 
-template <typename T>
-CUfunction staged_func_t(int mt, int rt) {
+template <typename T, int SUB>
+CUfunction staged_func_sub(int mt, int rt) {
   switch (mt) {
-    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1>) : func_of(w4a16_tc_staged_kernel<T, 1, 2>);
-    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1>) : func_of(w4a16_tc_staged_kernel<T, 2, 2>);
-    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1>) : func_of(w4a16_tc_staged_kernel<T, 4, 2>);
+    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, SUB>);
+    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 2, 2, SUB>);
+    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 4, 2, SUB>);
   }
 }
 
-unsigned staged_smem_bytes(int rt, int kw) {
-  return static_cast<unsigned>(kw * kStages * (rt == 1 ? staged_slot_bytes<1>() : staged_slot_bytes<2>()));
+template <typename T>
+CUfunction staged_func_t(int mt, int rt, int sub) {
+  return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps>(mt, rt) : staged_func_sub<T, 1>(mt, rt);
+}
+
+template <int SUB>
+unsigned staged_smem_sub(int rt, int kw) {
+  return static_cast<unsigned>(kw * kStages * (rt == 1 ? staged_slot_bytes<1, SUB>() : staged_slot_bytes<2, SUB>()));
+}
+
+unsigned staged_smem_bytes(int rt, int kw, int sub) {
+  return sub == kStagedSubSteps ? staged_smem_sub<kStagedSubSteps>(rt, kw) : staged_smem_sub<1>(rt, kw);
 }
 
 template <typename T>
@@ -94,7 +104,9 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
   const int rt = vec ? cfg.rt : 1;
   if (staged) {
-    l.func = p.x_dtype == fp4::kDtypeF16 ? staged_func_t<__half>(cfg.mt, rt) : staged_func_t<__nv_bfloat16>(cfg.mt, rt);
+    const int sub = staged_sub_steps(p.k);
+    l.func = p.x_dtype == fp4::kDtypeF16 ? staged_func_t<__half>(cfg.mt, rt, sub)
+                                         : staged_func_t<__nv_bfloat16>(cfg.mt, rt, sub);
   } else {
     l.func = p.x_dtype == fp4::kDtypeF16 ? tc_func_t<__half>(cfg.mt, rt, vec)
                                          : tc_func_t<__nv_bfloat16>(cfg.mt, rt, vec);
@@ -106,7 +118,7 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   }
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
-  l.smem = staged ? staged_smem_bytes(rt, cfg.kw) : 0;
+  l.smem = staged ? staged_smem_bytes(rt, cfg.kw, staged_sub_steps(p.k)) : 0;
   return l;
 }
 
@@ -174,11 +186,16 @@ void preload_kernels() {
             if (mt * rt <= 8) {
               tc_launch(p, TcConfig{mt, rt, 1}, vec, false);
               if (!vec || mt > kMaxStagedColTiles) continue;
-              // The staged kernels take more than the default 48 KB of dynamic shared memory.
-              const Launch l = tc_launch(p, TcConfig{mt, rt, kMaxWarpsPerBlock}, true, true);
-              const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                    static_cast<int>(l.smem));
-              if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+              // The staged kernels take more than the default 48 KB of dynamic shared memory. One
+              // K per stage shape: a single step, and kStagedSubSteps steps.
+              for (int64_t k : {int64_t(kStepK), int64_t(kStepK) * kStagedSubSteps}) {
+                p.k = k;
+                const Launch l = tc_launch(p, TcConfig{mt, rt, kMaxWarpsPerBlock}, true, true);
+                const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                      static_cast<int>(l.smem));
+                if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+              }
+              p.k = 1;
             }
       }
       simt_launch(p, vec);

@@ -41,12 +41,20 @@ inline bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const voi
          reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
+// Steps of K per stage of the staged kernel: kStagedSubSteps when K is a multiple of that many
+// steps (the scale bytes of a row and stage are then one 16-byte copy), else one.
+inline int staged_sub_steps(int64_t k) {
+  using namespace fp4::cuda_tiling;
+  return k % (int64_t(kStagedSubSteps) * kStepK) == 0 ? kStagedSubSteps : 1;
+}
+
 // True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
-// step, and 4-byte aligned scale rows.
+// step, and scale rows aligned to the stage's scale copy (8 bytes per step).
 inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
   using namespace fp4::cuda_tiling;
-  return vector_loads_ok(p, x, w) && p.k % kStepK == 0 && p.scale_row_bytes % kStageScaleBytes == 0 &&
-         reinterpret_cast<uintptr_t>(scales) % kStageScaleBytes == 0;
+  if (!vector_loads_ok(p, x, w) || p.k % kStepK != 0) return false;
+  const int64_t copy = int64_t(staged_sub_steps(p.k)) * kStageScaleBytesPerStep;
+  return p.scale_row_bytes % copy == 0 && reinterpret_cast<uintptr_t>(scales) % copy == 0;
 }
 
 namespace plan_detail {
@@ -103,8 +111,8 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   plan.tc = auto_tc_config(p, dev, plan.staged);
   if (half_x) {
     // Past kTcMaxM the staged kernel (x tiles of 32 rows) still beats dequantize + cuBLASLt up
-    // to kStagedTcMaxM when its grid gets at least 2 warps per block (measured, docs/cuda.md).
-    const bool staged_mid = plan.staged && p.m <= kStagedTcMaxM && plan.tc.kw >= 2;
+    // to kStagedTcMaxM, also with one warp per block (14336 x 4096, M = 64: 58 vs 77 us; docs/cuda.md).
+    const bool staged_mid = plan.staged && p.m <= kStagedTcMaxM;
     plan.path = (p.m <= kTcMaxM || staged_mid) ? Path::kTensorCore : Path::kDequantGemm;
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;

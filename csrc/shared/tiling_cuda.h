@@ -1,6 +1,7 @@
 // Tile and launch constants of the CUDA kernels (csrc/cuda/w4a16_matmul.cu), in one place so that
 // the kernels, the host-side dispatch and the standalone harness agree. Framework-free.
 #pragma once
+#include "fp4_format.h"
 
 namespace fp4 {
 namespace cuda_tiling {
@@ -16,9 +17,11 @@ enum : int {
   kMaxColTiles = 8,         // at most 8 x-row tiles of 8 (64 rows of x) per block
   kMaxRowTiles = 2,         // at most 2 weight-row tiles of 16 per warp (and MT * RT <= 8)
   // Staged variant (K % kStepK == 0, aligned rows): each warp streams its weight and scale bytes
-  // through a private ring of kStages steps in shared memory (cp.async), kStages - 1 steps ahead.
-  kStages = 4,
-  kStageScaleBytes = 4,     // scale bytes one lane copies per weight row and step (cp.async minimum)
+  // through a private ring of kStages stages in shared memory (cp.async), kStages - 1 ahead. A
+  // stage is kStagedSubSteps steps when K allows (one 16-byte scale copy per row), else one step.
+  kStages = 3,
+  kStagedSubSteps = 2,
+  kStageScaleBytesPerStep = kStepK / fp4::kBlockSize,  // scale bytes per weight row and step
   kMaxStagedColTiles = 4,   // x-row tiles of 8 per staged block (32 rows of x; wider would spill)
   kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
   kStagedTcMaxM = 64,       // the staged kernel beats dequantize + cuBLASLt up to here (H200)
