@@ -40,15 +40,15 @@ def plan(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-"):
 
 # (N, K, M) -> (path, mt/rt/kw): the staged kernel's measured best tiles (kernel_tiles_*_h200.csv).
 MEASURED_STAGED = {
-    (8192, 8192, 1): ("tc", "1/2/4"),
+    (8192, 8192, 1): ("tc", "1/1/4"),
     (8192, 8192, 8): ("tc", "1/2/4"),
     (8192, 8192, 16): ("tc", "2/2/4"),
     (8192, 8192, 32): ("tc", "4/2/4"),
     (8192, 8192, 64): ("tc", "4/2/2"),
-    (14336, 4096, 1): ("tc", "1/2/2"),
+    (14336, 4096, 1): ("tc", "1/1/2"),
     (14336, 4096, 16): ("tc", "2/2/2"),
     (14336, 4096, 32): ("tc", "4/2/2"),
-    (4096, 14336, 1): ("tc", "1/2/8"),
+    (4096, 14336, 1): ("tc", "1/1/8"),
     (4096, 14336, 16): ("tc", "2/2/8"),
     (4096, 14336, 32): ("tc", "4/2/8"),
     (4096, 14336, 64): ("tc", "4/2/4"),
@@ -83,7 +83,7 @@ def test_overrides(driver):
     assert plan(driver, 4096, 4096, 1, "f32", path="tc")[0] == "simt"  # no tensor cores for fp32 x
     assert plan(driver, 4096, 4096, 4096, path="dequant")[0] == "dequant"
     assert plan(driver, 4096, 4096, 1, tc="2,1,3")[1] == "2/1/3"
-    assert plan(driver, 4096, 4096, 1, tc="9,9,9")[1] == "1/2/8"  # malformed: ignored
+    assert plan(driver, 4096, 4096, 1, tc="9,9,9")[1] == "1/1/8"  # malformed: ignored (automatic tile)
 
 
 def test_load_conditions(driver):

@@ -74,19 +74,23 @@ inline bool parse_tc(const char* s, TcConfig& cfg) {
 // Register-prefetch kernel: two weight-row tiles per warp (x fragments reused twice) when N still
 // gives every SM a block, and warps per block (kw) splitting K up to kTcWarpsPerSm warps per SM,
 // with at least 4 steps of K per warp.
-// Staged kernel (its own measured optimum): always two row tiles per warp, and warps per block
-// doubled while the grid stays within kStagedWarpsPerSm (8192^2: 4, 14336 x 4096: 2, 4096 x
-// 14336: 8), since its ring already keeps 3 steps per warp in flight.
+// Staged kernel (its own measured optimum): two row tiles per warp, and warps per block doubled
+// while the grid stays within kStagedWarpsPerSm (8192^2: 4, 14336 x 4096: 2, 4096 x 14336: 8),
+// since its ring already keeps two stages per warp in flight. With one row of x (M = 1) its x
+// loads are one broadcast row, so one row tile per warp and twice the warps win instead (6-8% on
+// 8192^2 and 4096 x 14336, 4% on 14336 x 4096; at M = 8 two row tiles win).
 inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool staged) {
   TcConfig c;
   const int64_t m = p.m;
   c.mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
   if (staged && m <= kStagedTcMaxM && c.mt > kMaxStagedColTiles) c.mt = kMaxStagedColTiles;
   const bool staged_tile = staged && c.mt <= kMaxStagedColTiles;
-  c.rt = (c.mt * 2 <= 8 && (staged_tile || ceil_div(p.n, 2 * kMmaRows) >= dev.sm_count)) ? 2 : 1;
+  const bool one_row = staged_tile && m == 1;
+  c.rt = (!one_row && c.mt * 2 <= 8 && (staged_tile || ceil_div(p.n, 2 * kMmaRows) >= dev.sm_count)) ? 2 : 1;
   const int64_t blocks = ceil_div(p.m, kMmaCols * c.mt) * ceil_div(p.n, kMmaRows * c.rt);
   const int64_t nsteps = ceil_div(p.k, kStepK);
-  const int64_t warp_budget = int64_t(dev.sm_count) * (staged_tile ? kStagedWarpsPerSm : kTcWarpsPerSm);
+  const int warps_per_sm = one_row ? kStagedOneRowWarpsPerSm : staged_tile ? kStagedWarpsPerSm : kTcWarpsPerSm;
+  const int64_t warp_budget = int64_t(dev.sm_count) * warps_per_sm;
   int kw = 1;
   if (staged_tile) {
     while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw * 2) kw *= 2;

@@ -24,6 +24,7 @@ enum : int {
   kStageScaleBytesPerStep = kStepK / fp4::kBlockSize,  // scale bytes per weight row and step
   kMaxStagedColTiles = 4,   // x-row tiles of 8 per staged block (32 rows of x; wider would spill)
   kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
+  kStagedOneRowWarpsPerSm = 16,  // ... with one row of x: one row tile per warp, more warps
   kStagedTcMaxM = 64,       // the staged kernel beats dequantize + cuBLASLt up to here (H200)
 
   // Dispatch (csrc/cuda/w4a16_plan.h), crossovers on M measured on an H200: tensor cores up to
