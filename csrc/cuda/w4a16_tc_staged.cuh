@@ -32,7 +32,7 @@ __device__ __forceinline__ void cp_async_wait() {
 //  - A stage is SUB steps of one weight-row tile group: per row SUB * 64 weight bytes and SUB * 8
 //    scale bytes. The copies are warp-wide runs of consecutive bytes of a row (SUB * 4 lanes per
 //    row), and the scale bytes of a row and stage are one copy (16 bytes when SUB == 2): the 4-byte
-//    scale copies of one lane per row and step cost a quarter of the load-only bandwidth (measured).
+//    scale copies of one lane per row and step cost a fifth of the load-only bandwidth (measured).
 //  - Lanes read bytes other lanes copied, hence a __syncwarp after each wait.
 //  - The 16-byte chunks of odd rows are XOR-swizzled (SUB == 2) so that the 8 lanes of a quarter
 //    warp (rows g and g + 1, chunks t) read distinct banks.
