@@ -416,6 +416,28 @@ struct BenchShape {
   int64_t n, k;
 };
 
+// Best of `runs` CUDA-event timings of `work()` on stream s, in microseconds.
+template <typename W>
+double best_event_us(W work, int runs, cudaStream_t s) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  double best = 1e30;
+  for (int r = 0; r < runs; ++r) {
+    CK(cudaEventRecord(e0, s));
+    work();
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, 1e3 * ms);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
 // Times `fn(copy_index)` over rotating copies; returns microseconds per call (min of 3 runs).
 // The calls are captured into one CUDA graph first, so that the time is the kernels' own (the
 // host's launch cost, ~3 us per cudaLaunchKernel here, stays out); what remains between two
@@ -431,26 +453,11 @@ double time_us(F fn, int copies, int iters, cudaStream_t s) {
   for (int i = 0; i < iters; ++i) fn(i % copies);
   CK(cudaStreamEndCapture(s, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   CK(cudaGraphLaunch(exec, s));  // the graph's own first launch uploads it
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    CK(cudaEventRecord(e0, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::min(best, 1e3 * ms / iters);
-  }
-  CK(cudaGetLastError());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const double us = best_event_us([&] { CK(cudaGraphLaunch(exec, s)); }, 3, s) / iters;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return best;
+  return us;
 }
 
 __global__ void empty_kernel() {}
@@ -468,21 +475,8 @@ void run_bench(bool quick, bool small, bool mid) {
   // 1 GiB copies have no launch cost to hide).
   {
     DevBuf a(size_t(1) << 30), b(size_t(1) << 30);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    double best = 1e30;
-    for (int r = 0; r < 5; ++r) {
-      CK(cudaEventRecord(e0, s));
-      CK(cudaMemcpyAsync(b.p, a.p, a.bytes, cudaMemcpyDeviceToDevice, s));
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      best = std::min(best, 1e3 * ms);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    const double best =
+        best_event_us([&] { CK(cudaMemcpyAsync(b.p, a.p, a.bytes, cudaMemcpyDeviceToDevice, s)); }, 5, s);
     std::printf("bench,copy,GBps=%.1f\n", 2.0 * a.bytes / best / 1e3);
   }
   std::mt19937 rng(7);

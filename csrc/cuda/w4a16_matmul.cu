@@ -70,15 +70,6 @@ CUfunction staged_func_t(int mt, int rt, int sub) {
   return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps>(mt, rt) : staged_func_sub<T, 1>(mt, rt);
 }
 
-template <int SUB>
-unsigned staged_smem_sub(int rt, int kw) {
-  return static_cast<unsigned>(kw * kStages * (rt == 1 ? staged_slot_bytes<1, SUB>() : staged_slot_bytes<2, SUB>()));
-}
-
-unsigned staged_smem_bytes(int rt, int kw, int sub) {
-  return sub == kStagedSubSteps ? staged_smem_sub<kStagedSubSteps>(rt, kw) : staged_smem_sub<1>(rt, kw);
-}
-
 template <typename T>
 CUfunction tc_func_t(int mt, int rt, bool vec) {
   switch (mt) {
@@ -103,8 +94,8 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   Launch l;
   staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
   const int rt = vec ? cfg.rt : 1;
+  const int sub = staged_sub_steps(p.k);
   if (staged) {
-    const int sub = staged_sub_steps(p.k);
     l.func = p.x_dtype == fp4::kDtypeF16 ? staged_func_t<__half>(cfg.mt, rt, sub)
                                          : staged_func_t<__nv_bfloat16>(cfg.mt, rt, sub);
   } else {
@@ -118,7 +109,7 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   }
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
-  l.smem = staged ? staged_smem_bytes(rt, cfg.kw, staged_sub_steps(p.k)) : 0;
+  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub)) : 0;
   return l;
 }
 

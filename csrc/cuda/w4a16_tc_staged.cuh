@@ -37,18 +37,12 @@ __device__ __forceinline__ void cp_async_wait() {
 //  - The 16-byte chunks of odd rows are XOR-swizzled (SUB == 2) so that the 8 lanes of a quarter
 //    warp (rows g and g + 1, chunks t) read distinct banks.
 
-template <int SUB>
-__host__ __device__ constexpr int staged_row_bytes() {
-  return SUB * kStepK / fp4::kValuesPerByte;
-}
-template <int SUB>
-__host__ __device__ constexpr int staged_scale_bytes() {
-  return SUB * kStageScaleBytesPerStep;
-}
-// Bytes of one ring slot (one stage of one warp): the weight rows, then their scale bytes.
-template <int RT, int SUB>
-__host__ __device__ constexpr int staged_slot_bytes() {
-  return RT * kMmaRows * (staged_row_bytes<SUB>() + staged_scale_bytes<SUB>());
+// Bytes per weight row and per scale row of one stage of `sub` steps, and of one ring slot (one
+// stage of one warp with `rt` row tiles): the weight rows, then their scale bytes.
+__host__ __device__ constexpr int staged_row_bytes(int sub) { return sub * kStepK / fp4::kValuesPerByte; }
+__host__ __device__ constexpr int staged_scale_bytes(int sub) { return sub * kStageScaleBytesPerStep; }
+__host__ __device__ constexpr int staged_slot_bytes(int rt, int sub) {
+  return rt * kMmaRows * (staged_row_bytes(sub) + staged_scale_bytes(sub));
 }
 template <int SUB>
 __device__ __forceinline__ int staged_swizzle(int row) {
@@ -59,12 +53,12 @@ template <typename T, int MT, int RT, int SUB>
 __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args a) {
   extern __shared__ __align__(16) uint8_t ring[];
   constexpr int kRows = kMmaRows * RT;               // weight rows of the warp
-  constexpr int kRowBytes = staged_row_bytes<SUB>();
-  constexpr int kScaleBytes = staged_scale_bytes<SUB>();
+  constexpr int kRowBytes = staged_row_bytes(SUB);
+  constexpr int kScaleBytes = staged_scale_bytes(SUB);
   constexpr int kLanesPerRow = kRowBytes / kLaneBytes;
   constexpr int kRowsPerCopy = 32 / kLanesPerRow;
   constexpr int kWeightCopies = kRows / kRowsPerCopy;  // copy instructions per stage
-  constexpr int kSlot = staged_slot_bytes<RT, SUB>();
+  constexpr int kSlot = staged_slot_bytes(RT, SUB);
   constexpr int kScaleOff = kRows * kRowBytes;
   static_assert(kRows <= 32, "one scale copy per row and lane");
   const int lane = threadIdx.x & 31;
