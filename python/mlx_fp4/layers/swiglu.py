@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,7 +10,7 @@ import mlx.nn as nn
 from .. import ops
 from .linear import FP4Linear, swap_modules, to_fp4_linear
 
-__all__ = ["FP4SwiGLU", "fuse_swiglu", "swiglu"]
+__all__ = ["FP4SwiGLU", "SWIGLU_MLPS", "fuse_swiglu", "swiglu"]
 
 
 def swiglu(x: mx.array, gate_proj: FP4Linear, up_proj: FP4Linear) -> mx.array:
@@ -70,63 +68,49 @@ class FP4SwiGLU(nn.Module):
         return self.down_proj(swiglu(x, self.gate_proj, self.up_proj))
 
 
-_SWIGLU_FORMS = {
-    "self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))",
-    "self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))",
-    "self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))",
-}
+# mlx-lm MLP classes whose forward is exactly
+# ``self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))`` (tests/test_nn.py reads
+# their source to check this list against the installed mlx-lm). Named, not imported.
+SWIGLU_MLPS = frozenset(
+    f"mlx_lm.models.{name}"
+    for name in (
+        "cohere.MLP", "cohere2.MLP", "deepseek.DeepseekMLP", "ernie4_5.MLP", "exaone4.MLP",
+        "granite.MLP", "helium.HeliumMLP", "internlm3.MLP", "llama.MLP", "mimo.MLP",
+        "minicpm.MLP", "ministral3.MLP", "olmo2.MLP", "olmo3.Olmo3MLP", "qwen2.MLP",
+        "qwen2_moe.MLP", "qwen3.MLP", "qwen3_moe.MLP", "seed_oss.MLP", "stablelm.MLP",
+    )
+)
+
+_PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
-@functools.lru_cache(maxsize=None)
-def _is_swiglu_call(call) -> bool:
-    """True when ``call`` is ``def __call__(self, x): return <one of _SWIGLU_FORMS>``
-    (a docstring allowed, nothing else)."""
-    import ast
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(call)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef):
-        return False
-    a = fn.args
-    if [x.arg for x in a.args] != ["self", "x"] or a.vararg or a.kwarg or a.kwonlyargs:
-        return False
-    body = [
-        st
-        for st in fn.body
-        if not (isinstance(st, ast.Expr) and isinstance(getattr(st, "value", None), ast.Constant))
-    ]
-    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
-        return False
-    return ast.unparse(body[0].value) in _SWIGLU_FORMS
+def _type_name(m) -> str:
+    return f"{type(m).__module__}.{type(m).__qualname__}"
 
 
-def _is_swiglu_mlp(m: nn.Module) -> bool:
-    """True for modules whose forward is exactly ``down(silu(gate(x)) * up(x))``."""
-    if isinstance(m, FP4SwiGLU):
-        return False
-    if not all(isinstance(m.get(n), nn.Module) for n in ("gate_proj", "up_proj", "down_proj")):
-        return False
-    return _is_swiglu_call(type(m).__call__)
-
-
-def fuse_swiglu(model: nn.Module, *, class_predicate: Optional[Callable[[str, nn.Module], bool]] = None) -> nn.Module:
+def fuse_swiglu(
+    model: nn.Module,
+    mlp_types: Optional[Iterable[type]] = None,
+    *,
+    class_predicate: Optional[Callable[[str, nn.Module], bool]] = None,
+) -> nn.Module:
     """Replace SwiGLU MLP blocks by :class:`FP4SwiGLU` (in place; returns model).
 
-    By default a block qualifies when it has ``gate_proj``/``up_proj``/``down_proj``
-    children, the first two FP4Linear, and its ``__call__(self, x)`` is the single
-    statement ``return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))``
-    (the mlx-lm Llama/Qwen/Mistral MLP) or the ``nn.silu(...) * ...`` spelling.
-    Anything else (gated GELU in Gemma, extra statements) is left alone.
-    Parameter names do not change.
+    Opt-in by type: a block is fused when its class is one of ``mlp_types`` (default: the
+    mlx-lm MLPs in :data:`SWIGLU_MLPS`, e.g. Llama, Qwen 2/3, Mistral's ministral3, Cohere,
+    OLMo 2) and its ``gate_proj``/``up_proj`` are FP4Linear. Pass your own classes when
+    their ``__call__(x)`` is ``down_proj(silu(gate_proj(x)) * up_proj(x))`` and nothing
+    else. ``class_predicate(path, module) -> bool`` replaces the whole test. The fusion
+    changes no parameter names; other blocks (gated GELU, extra steps) are never guessed at.
     """
+    types = tuple(mlp_types) if mlp_types is not None else None
 
     def default(path, m):
-        return _is_swiglu_mlp(m) and all(
-            isinstance(m.get(n), FP4Linear) for n in ("gate_proj", "up_proj")
+        if isinstance(m, FP4SwiGLU):
+            return False
+        known = isinstance(m, types) if types is not None else _type_name(m) in SWIGLU_MLPS
+        return known and all(isinstance(m.get(n), FP4Linear) for n in _PROJ[:2]) and isinstance(
+            m.get("down_proj"), nn.Module
         )
 
     pred = class_predicate or default
