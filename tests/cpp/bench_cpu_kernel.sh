@@ -2,7 +2,7 @@
 # Builds tests/cpp/bench_cpu_kernel.cpp with the CPU kernel sources (as the extension compiles
 # them: -O3, per-file ISA flags from CMakeLists.txt) into build/cpu-bench/, then runs it.
 # Usage: tests/cpp/bench_cpu_kernel.sh M N K [reps]       (env: CXX, PYTHON, MLX_FP4_CPU_ISA, ...)
-#        CALLGRIND=1 tests/cpp/bench_cpu_kernel.sh M N K   (instruction counts of run_w4a16 only)
+#        CALLGRIND=1 tests/cpp/bench_cpu_kernel.sh M N K   (instruction counts of run_w4a16, one thread)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CXX=${CXX:-g++}
@@ -24,7 +24,7 @@ for f in csrc/cpu/*.cpp tests/cpp/bench_cpu_kernel.cpp; do
 done
 $CXX "${objs[@]}" -o "$out/bench_cpu_kernel" -pthread
 if [[ -n "${CALLGRIND:-}" ]]; then
-  valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" --collect-atstart=no \
+  MLX_FP4_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" --collect-atstart=no \
     --toggle-collect='mlx_fp4::cpu::run_w4a16*' "$out/bench_cpu_kernel" "$1" "$2" "$3" 1 2>&1 | grep -E "Collected|avx|generic|M="
 else
   "$out/bench_cpu_kernel" "$@"
