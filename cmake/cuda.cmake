@@ -95,5 +95,5 @@ function(mlx_fp4_add_cuda_backend TARGET)
     set_property(SOURCE ${_glue} TARGET_DIRECTORY ${TARGET} APPEND PROPERTY INCLUDE_DIRECTORIES
                  "${MLX_FP4_CUBLASLT_INCLUDE}")
   endif()
-  target_link_libraries(${TARGET} PRIVATE CUDA::cudart_static ${_lt})
+  target_link_libraries(${TARGET} PRIVATE CUDA::cudart_static ${_lt} ${CMAKE_DL_LIBS})
 endfunction()
