@@ -10,7 +10,13 @@ Rewrites (every one keeps the line count, so clang's errors point at the MSL lin
 3. C-style casts to a vector type, `(float4)v`, are rejected: clang treats them as bit casts
    while Metal converts. Write `float4(v)`.
 4. Non-template `[[kernel]]` functions are registered under their own name.
-5. Writes a signature table per `[[kernel]]` function: the attribute of each parameter
+5. Overloads on address spaces collide once address spaces are erased: member functions
+   qualified on `this` (`f() device {...}` next to `f() thread {...}`, MLX's complex.h),
+   partial specializations on a pointer's address space (`S<device T*>`, MLX's steel
+   type_traits.h) and operators returning `device T&`: all but the `thread` one are blanked.
+6. `constant T name [[function_constant(n)]];` -> a reference to the runtime's slot n, which
+   the host sets per dispatch (Encoder::set_function_constant).
+7. Writes a signature table per `[[kernel]]` function: the attribute of each parameter
    (`[[buffer(expr)]]`, `[[threadgroup(expr)]]`, built-ins), which the dispatcher uses to build
    each thread's arguments. The buffer index expressions are copied as C++ expressions.
 
@@ -26,6 +32,10 @@ VECTOR_CAST = re.compile(
 TG_DECL = re.compile(
     r"^(?P<indent>\s*)threadgroup\s+(?P<type>[A-Za-z_][\w:<>, ]*?)\s+(?P<name>[A-Za-z_]\w*)"
     r"\s*(?P<dims>(?:\[[^\]]+\])*)\s*;\s*(?P<comment>//.*)?$"
+)
+FUNC_CONST = re.compile(
+    r"^(?P<indent>\s*)constant\s+(?P<type>[A-Za-z_]\w*)\s+(?P<name>[A-Za-z_]\w*)\s*"
+    r"\[\[\s*function_constant\s*\((?P<index>[^)]*)\)\s*\]\]\s*;\s*(?P<comment>//.*)?$"
 )
 INST = re.compile(
     r'^\s*template\s+\[\[\s*host_name\s*\(\s*"(?P<host>[^"]+)"\s*\)\s*\]\]\s*'
@@ -45,6 +55,8 @@ BUILTINS = {
     "threads_per_simdgroup": "kAttrThreadsPerSimdgroup",
     "simdgroups_per_threadgroup": "kAttrSimdgroupsPerThreadgroup",
     "thread_execution_width": "kAttrThreadExecutionWidth",
+    "quadgroup_index_in_threadgroup": "kAttrQuadgroupIndexInThreadgroup",
+    "thread_index_in_quadgroup": "kAttrThreadIndexInQuadgroup",
 }
 
 
@@ -98,10 +110,14 @@ def split_params(params):
     return parts
 
 
-def param_attr(param, kernel):
+def param_attr(param, kernel, position):
     m = re.search(r"\[\[\s*(\w+)\s*(?:\((.*)\))?\s*\]\]", param)
     if not m:
-        raise PrepError(f"kernel {kernel}: parameter without attribute: {param.strip()}")
+        # Metal gives a buffer parameter without an attribute the index of its position
+        # (MLX's quantized kernels rely on it).
+        if "device" not in param and "constant" not in param:
+            raise PrepError(f"kernel {kernel}: parameter without attribute: {param.strip()}")
+        return f"{{::msim::kAttrBuffer, {position}}}"
     attr, arg = m.group(1), m.group(2)
     if attr == "buffer":
         return f"{{::msim::kAttrBuffer, static_cast<int>({arg})}}"
@@ -133,12 +149,63 @@ def kernel_signatures(code):
                 depth -= 1
             j += 1
         params = split_params(code[m.end() : j - 1])
-        sigs[name] = [param_attr(p, name) for p in params]
+        sigs[name] = [param_attr(p, name, i) for i, p in enumerate(params)]
     return sigs
+
+
+BF16_CAST = re.compile(r"static_cast\s*<\s*(?:bfloat16_t|bfloat)\s*>\s*\(")
+ASPACE = r"(?:threadgroup|device|constant)"
+ASPACE_OVERLOAD = re.compile(
+    # a member function qualified on the address space of `this`
+    rf"\)\s*(?:const\s+)?{ASPACE}\s*(?=[:{{])"
+    # a partial specialization on a pointer's address space: struct S<device T*>
+    rf"|\bstruct\s+\w+\s*<\s*(?:const\s+)?{ASPACE}\s[^<>{{;]*>\s*(?=\{{)"
+    # a function returning a reference in a non-thread address space
+    rf"|\bconstexpr\s+{ASPACE}\s+[\w:<>]+\s*&\s*operator[^(]*\([^{{;]*\)\s*(?=\{{)"
+)
+
+
+def _match_brace(code, i):
+    """Index just past the brace block that starts at code[i] == '{'."""
+    depth = 0
+    while True:
+        if code[i] == "{":
+            depth += 1
+        elif code[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+
+
+def drop_aspace_overloads(src, code):
+    """Blank (keeping newlines) member functions qualified with a non-thread address space."""
+    spans = []
+    for m in ASPACE_OVERLOAD.finditer(code):
+        start = max(code.rfind(c, 0, m.start()) for c in ";{}") + 1
+        brace = code.find("{", m.end())
+        end = _match_brace(code, brace)
+        if code[end : end + 1] == ";":
+            end += 1
+        spans.append((start, end))
+    if not spans:
+        return src, code
+    out_src, out_code, last = [], [], 0
+    for a, b in spans:
+        if a < last:
+            continue
+        blank = "".join(ch if ch == "\n" else " " for ch in src[a:b])
+        out_src += [src[last:a], blank]
+        out_code += [code[last:a], blank]
+        last = b
+    out_src.append(src[last:])
+    out_code.append(code[last:])
+    return "".join(out_src), "".join(out_code)
 
 
 def prep(src, path):
     code = strip_comments(src)
+    src, code = drop_aspace_overloads(src, code)
     src_lines = src.split("\n")
     code_lines = code.split("\n")
     out = []
@@ -155,6 +222,11 @@ def prep(src, path):
                 f"{m['indent']}auto& {m['name']} = ::msim::tg_var<{m['type']}{m['dims']}>"
                 f"({lineno});"
             )
+            continue
+        m = FUNC_CONST.match(cline)
+        if m:
+            out.append(f"{m['indent']}static const {m['type']}& {m['name']} = "
+                       f"::msim::function_constant<{m['type']}>({m['index']});")
             continue
         m = INST.match(cline)
         if m:
@@ -175,6 +247,11 @@ def prep(src, path):
                 f'::msim::register_kernel("{host}", "{base}", &{fn});'
             )
             continue
+        # `[[threadgroup(n)]]` on a non-kernel function parameter (MLX's steel gemm.h) would
+        # lose its keyword to the empty macro; the attribute only matters on kernels.
+        line = line.replace("[[threadgroup(", "[[msim_threadgroup(")
+        # Metal converts half to bfloat with static_cast; clang rejects that cast.
+        line = BF16_CAST.sub("::msim::bf16_cast(", line)
         out.append(line)
     sigs = kernel_signatures(code)
     # Registrations of non-template kernels go after the last line (line numbers unchanged).

@@ -169,15 +169,21 @@ def instantiation_lines(only=()):
 def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(), extra_tu=""):
     """Returns the path of a runner built from `source` (default: the embedded MSL) with the
     instantiations named in `only` (default: all), cached by content."""
-    cxx = compiler()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    work_tmp = CACHE / "embed"
-    work_tmp.mkdir(exist_ok=True)
     if source is None:
+        work_tmp = CACHE / "embed"
+        work_tmp.mkdir(parents=True, exist_ok=True)
         source = embedded_msl(work_tmp)
     lines = instantiation_lines(only)
     if not lines:
         raise BuildError(f"no kernel instantiations match {only}")
+    return build_source_runner(name, source, lines, groups, extra_flags, extra_tu)
+
+
+def build_source_runner(name, source, lines, groups=None, extra_flags=(), extra_tu=""):
+    """A runner for MSL `source` plus the instantiation `lines`, split over `groups`
+    translation units compiled in parallel; cached by content."""
+    cxx = compiler()
+    CACHE.mkdir(parents=True, exist_ok=True)
     groups = groups or max(1, min(len(lines), os.cpu_count() or 2))
     key = _digest([cxx, _run([cxx, "--version"]), *COMMON_FLAGS, *KERNEL_FLAGS, *extra_flags,
                    source, *lines, groups, extra_tu, (SIM / "msl_prep.py").read_bytes(),
@@ -205,7 +211,8 @@ def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(
             raise BuildError(r.stderr)
         tu = tmp_dir / f"kernels_g{g}.cpp"
         tu.write_text(KERNEL_TU.format(metal_cpp=cpp.name, sig=sig.name,
-                                       extra=(ABI_EXPORT if g == 0 else "") + extra_tu))
+                                       extra=(ABI_EXPORT if g == 0 and "W4A16MetalParams" in
+                                              source else "") + extra_tu))
         jobs.append(([cxx, *COMMON_FLAGS, *KERNEL_FLAGS, *extra_flags, *inc, "-c", str(tu), "-o",
                       str(tu.with_suffix(".o"))], tu.with_suffix(".o")))
 

@@ -681,9 +681,29 @@ void free_buffer(Buffer* b) {
 
 namespace {
 Dispatch g_next;  // bindings of the encoder being filled
+constexpr int kFunctionConstants = 1024;
+alignas(8) uint64_t g_function_constants[kFunctionConstants];
+}  // namespace
+
+const void* function_constant_slot(int index) {
+  if (index < 0 || index >= kFunctionConstants) {
+    fail("function_constant(%d) out of the simulated range", index);
+  }
+  return &g_function_constants[index];
 }
 
-Encoder::Encoder() { g_next = Dispatch{}; }
+Encoder::Encoder() {
+  g_next = Dispatch{};
+  std::memset(g_function_constants, 0, sizeof g_function_constants);
+}
+
+void Encoder::set_function_constant(int index, const void* data, size_t size) {
+  if (index < 0 || index >= kFunctionConstants || size > 8) {
+    fail("set_function_constant(%d, %zu bytes) out of range", index, size);
+  }
+  g_function_constants[index] = 0;
+  std::memcpy(&g_function_constants[index], data, size);
+}
 
 Encoder::~Encoder() {
   for (Buffer* b : owned_) free_buffer(b);

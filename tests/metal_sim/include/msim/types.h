@@ -106,6 +106,18 @@ inline typename metal::vec<S, N> make_vec(const A&... a) {
   return r;
 }
 
+// static_cast<bfloat>(x): Metal converts from any arithmetic type (clang rejects half ->
+// __bf16); msl_prep rewrites the cast into this call. Rounds once, through float, which is
+// exact for half (every half is a float).
+template <class T>
+inline bfloat bf16_cast(const T& v) {
+  if constexpr (std::is_same_v<T, half>) {
+    return static_cast<bfloat>(static_cast<float>(v));
+  } else {
+    return static_cast<bfloat>(v);
+  }
+}
+
 }  // namespace msim
 
 // Bit cast between types of the same size (scalars or vectors). A global built-in in MSL:
