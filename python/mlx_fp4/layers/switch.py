@@ -100,6 +100,8 @@ class FP4SwitchLinear(nn.Module):
 
     @classmethod
     def _check(cls, m: "FP4SwitchLinear", where: str) -> "FP4SwitchLinear":
+        if m.weight.ndim != 3:
+            raise ValueError(f"[{where}] weight expected uint32 [E, N, K/8] but got {describe(m.weight)}.")
         e, n, words = m.weight.shape
         k = words * 32 // BITS
         if m.weight.dtype != mx.uint32 or m.scales.dtype != mx.uint8 or m.scales.shape != (e, n, k // GROUP_SIZE):
@@ -113,6 +115,20 @@ class FP4SwitchLinear(nn.Module):
         return m
 
     @classmethod
+    def from_arrays(cls, weight, scales, global_scale=None, bias=None, where="FP4SwitchLinear.from_arrays"):
+        """A layer holding these arrays as they are (checked: uint32 weight [E, N, K/8], uint8
+        scales [E, N, K/16], float32 global_scale [E] in MLX's convention or None, bias [E, N])."""
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m.group_size, m.bits, m.mode = GROUP_SIZE, BITS, MODE
+        m.weight, m.scales, m.global_scale = weight, scales, global_scale
+        m.biases = None
+        if bias is not None:
+            m.bias = bias
+        m.freeze()
+        return cls._check(m, where)
+
+    @classmethod
     def from_quantized(cls, qsl: nn.Module) -> "FP4SwitchLinear":
         """Wrap an nvfp4 ``QuantizedSwitchLinear`` without copying its arrays."""
         if switch_kind(qsl) != "nvfp4-switch":
@@ -120,33 +136,18 @@ class FP4SwitchLinear(nn.Module):
                 f"[FP4SwitchLinear.from_quantized] expected an nvfp4 QuantizedSwitchLinear but got "
                 f"{type(qsl).__name__} (mode {getattr(qsl, 'mode', None)!r})."
             )
-        m = cls.__new__(cls)
-        nn.Module.__init__(m)
-        m.group_size, m.bits, m.mode = GROUP_SIZE, BITS, MODE
-        m.weight, m.scales = qsl["weight"], qsl["scales"]
-        m.global_scale = qsl.get("global_scale")
-        m.biases = None
-        if "bias" in qsl:
-            m.bias = qsl["bias"]
-        m.freeze()
-        return cls._check(m, "FP4SwitchLinear.from_quantized")
+        return cls.from_arrays(qsl["weight"], qsl["scales"], qsl.get("global_scale"), qsl.get("bias"),
+                               "FP4SwitchLinear.from_quantized")
 
     @classmethod
     def from_switch_linear(cls, sl: nn.Module, global_scale: bool = False) -> "FP4SwitchLinear":
         """Quantize an mlx-lm ``SwitchLinear`` (each expert on its own), as its
         ``to_quantized(mode="nvfp4", global_scale=...)`` does."""
-        e, n, k = sl.weight.shape
+        k = sl.weight.shape[-1]
         if k % GROUP_SIZE:
             raise ValueError(f"[FP4SwitchLinear.from_switch_linear] input dims expected a multiple of 16 but got {k}.")
-        m = cls.__new__(cls)
-        nn.Module.__init__(m)
-        m.group_size, m.bits, m.mode = GROUP_SIZE, BITS, MODE
-        m.weight, m.scales, m.global_scale = _quantize_experts(sl.weight, global_scale)
-        m.biases = None
-        if "bias" in sl:
-            m.bias = sl.bias
-        m.freeze()
-        return m
+        q, s, gs = _quantize_experts(sl.weight, global_scale)
+        return cls.from_arrays(q, s, gs, sl.get("bias"), "FP4SwitchLinear.from_switch_linear")
 
     @property
     def input_dims(self) -> int:
