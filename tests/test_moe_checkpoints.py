@@ -14,6 +14,7 @@ from safetensors.numpy import save_file
 
 import reference as ref
 from mlx_fp4 import nn as fnn
+from test_mlx_lm_e2e import modelopt_tensors as dense_modelopt_tensors
 from test_moe_e2e import MODELS, build, greedy, same_greedy
 
 pytest.importorskip("mlx_lm.models.switch_layers")
@@ -29,33 +30,26 @@ E2M1_E4M3_MAX = np.float32(2688.0)
 
 
 def modelopt_tensors(model, name):
-    """ModelOpt layout of a quantized model: uint8 weights, F8_E4M3 scales, fp32 multipliers;
-    experts one tensor set each."""
+    """ModelOpt layout of a quantized MoE model: experts one tensor set each (uint8 weight,
+    F8_E4M3 weight_scale, fp32 multiplier weight_scale_2), the rest as the dense export."""
     stacked, per_expert, projs = HF_EXPERT_NAMES[name]
-    tensors = {}
+    tensors, rest = {}, []
     for k, v in tree_flatten(model.parameters()):
-        p, _, leaf = k.rpartition(".")
-        if f".{stacked}." in k:
-            base, _, proj = p.rpartition(".")
-            base = base.replace(stacked, per_expert)
-            for e in range(v.shape[0]):
-                q = f"{base}.{e}.{projs[proj]}"
-                if leaf == "weight":
-                    tensors[f"{q}.weight"] = ref.packed_bytes(v[e])
-                elif leaf == "scales":
-                    tensors[f"{q}.weight_scale"] = np.array(v[e]).view(ml_dtypes.float8_e4m3fn)
-                elif leaf == "global_scale":
-                    tensors[f"{q}.weight_scale_2"] = np.asarray(np.array(v[e]) / E2M1_E4M3_MAX, np.float32)
+        if f".{stacked}." not in k:
+            rest.append((k, v))
             continue
-        if leaf == "weight" and v.dtype == mx.uint32:
-            tensors[k] = ref.packed_bytes(v)
-        elif leaf == "scales":
-            tensors[f"{p}.weight_scale"] = np.array(v).view(ml_dtypes.float8_e4m3fn)
-        else:
-            tensors[k] = np.array(v)
-    for k, gs in fnn.global_scales(model).items():
-        tensors[k.replace(".global_scale", ".weight_scale_2")] = np.array(gs)
-    return tensors
+        p, _, leaf = k.rpartition(".")
+        base, _, proj = p.rpartition(".")
+        base = base.replace(stacked, per_expert)
+        for e in range(v.shape[0]):
+            q = f"{base}.{e}.{projs[proj]}"
+            if leaf == "weight":
+                tensors[f"{q}.weight"] = ref.packed_bytes(v[e])
+            elif leaf == "scales":
+                tensors[f"{q}.weight_scale"] = np.array(v[e]).view(ml_dtypes.float8_e4m3fn)
+            elif leaf == "global_scale":
+                tensors[f"{q}.weight_scale_2"] = np.asarray(np.array(v[e]) / E2M1_E4M3_MAX, np.float32)
+    return {**tensors, **dense_modelopt_tensors(model, rest)}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
