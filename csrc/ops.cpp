@@ -6,6 +6,7 @@
 #include "format_tables.h"
 #include "mlx/ops.h"
 #include "mlx_fp4.h"
+#include "op_common.h"
 #include "primitives.h"
 
 namespace mlx_fp4 {
@@ -13,7 +14,11 @@ namespace {
 
 constexpr const char* kOp = "w4a16_matmul";
 
+}  // namespace
+
 bool is_supported_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d == mx::bfloat16; }
+
+namespace {
 
 // Shape facts every path needs, checked once.
 struct Checked {
@@ -94,10 +99,11 @@ mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s) {
   if (a.is_available() && a.flags().row_contiguous) return a;
   return mx::contiguous(a, false, s);
 }
+}  // namespace
 
 // Classify and canonicalize one operand against the output shape (see OperandKind).
 std::pair<int, mx::array> canonical_operand(
-    const mx::array& t, const mx::Shape& out_shape, int index, mx::StreamOrDevice s) {
+    const mx::array& t, const mx::Shape& out_shape, int index, mx::StreamOrDevice s, const char* kOp) {
   const int on = static_cast<int>(out_shape.size());
   if (static_cast<int>(t.ndim()) > on) {
     throw_invalid("[", kOp, "] epilogue[", index, "] operand must broadcast to the output shape ",
@@ -138,9 +144,9 @@ std::pair<int, mx::array> canonical_operand(
   return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, contiguous_input(expanded, s)};
 }
 
-bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
+static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
 
-void check_epilogue(const std::vector<EpilogueSpec>& epilogue) {
+void check_epilogue(const std::vector<EpilogueSpec>& epilogue, const char* kOp) {
   if (epilogue.size() > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
     throw_invalid("[", kOp, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ",
                   epilogue.size(), ".");
@@ -192,6 +198,8 @@ mx::array apply_op_ops(const mx::array& v, const EpilogueSpec& op, mx::StreamOrD
   }
 }
 
+namespace {
+
 // Every check of both entry points, once: arguments, the chain, and each operand against the
 // output shape (canonical operand per op, nullopt for ops without a tensor operand).
 struct Prepared {
@@ -208,10 +216,10 @@ Prepared prepare(
     std::optional<mx::Dtype> out_dtype,
     mx::StreamOrDevice s) {
   Prepared p{check(x, w, scales, global_scale, out_dtype, s), {}};
-  check_epilogue(epilogue);
+  check_epilogue(epilogue, kOp);
   for (size_t i = 0; i < epilogue.size(); ++i) {
     if (epilogue[i].operand) {
-      p.operands.emplace_back(canonical_operand(*epilogue[i].operand, p.c.out_shape, static_cast<int>(i), s));
+      p.operands.emplace_back(canonical_operand(*epilogue[i].operand, p.c.out_shape, static_cast<int>(i), s, kOp));
     } else {
       p.operands.emplace_back(std::nullopt);
     }
