@@ -47,6 +47,20 @@ struct Launch {
   dim3 grid;
   dim3 block;
   unsigned smem = 0;
+  dim3 cluster{1, 1, 1};  // blocks per cluster (the wgmma kernel's split K); 1 = no cluster
+};
+
+// The wgmma kernel (sm_90a) reads x permuted per 256-wide K stage into a buffer of ours
+// ([M, wgmma_padded_k(K)], x's dtype, zero past K) by TMA, next to the weights and scales.
+struct WgmmaPermuteArgs {
+  const void* x;  // [M, K]
+  void* xp;       // [M, kp]
+  int64_t m, k, kp;
+};
+struct WgmmaArgs {
+  CUtensorMap x_map, w_map, s_map;  // built by wgmma_prepare
+  W4A16Args a;
+  int64_t k_stages;  // kp / kWgmmaStageK
 };
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
@@ -54,6 +68,15 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec);
 Launch dequant_launch(const DequantArgs& d, bool vec);
 Launch epilogue_launch(const fp4::W4A16Problem& p);
+// wgmma path (Path::kWgmma): permute x into xp, then the kernel. wgmma_prepare fills `args` from
+// `a` (tensor maps over xp, a.w, a.scales) and throws std::runtime_error when the driver rejects one.
+int64_t wgmma_padded_k(int64_t k);
+Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype);
+void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg);
+Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg);
+// True when this build holds the sm_90a wgmma kernel (MLX_FP4_WGMMA_BUILT); DeviceInfo::wgmma is
+// this and compute capability 9.0.
+bool wgmma_built();
 // Loads every kernel of this file into the current device's context (lazy loading otherwise
 // loads each on its first launch, milliseconds each).
 void preload_kernels();

@@ -6,6 +6,7 @@
 //  - w4a16_tc.cuh:        tensor cores, register prefetch (any K, M <= 32);
 //  - w4a16_simt.cuh:      fp32 FMA for float32 x;
 //  - w4a16_dequant.cuh:   exact decode of W for the cuBLASLt GEMM (large M) and the epilogue kernel;
+//  - w4a16_wgmma.cuh:     sm_90a wgmma with TMA and warp specialization (opt-in until measured);
 //  - w4a16_device.cuh:    what they share (decode, epilogue, mma step, reduction).
 // No MLX header here (nvcc rejects MLX's fmt-based headers); w4a16_matmul.cpp does the MLX glue.
 #include <cuda_bf16.h>
@@ -24,6 +25,7 @@
 #include "w4a16_simt.cuh"
 #include "w4a16_tc.cuh"
 #include "w4a16_tc_staged.cuh"
+#include "w4a16_wgmma.cuh"
 
 namespace mlx_fp4 {
 namespace cuda {
@@ -163,6 +165,84 @@ Launch epilogue_launch(const fp4::W4A16Problem& p) {
   return l;
 }
 
+// ------------------------------------------------------------------------------------------
+// wgmma path
+
+bool wgmma_built() {
+#if defined(MLX_FP4_WGMMA_BUILT)
+  return true;
+#else
+  return false;
+#endif
+}
+
+int64_t wgmma_padded_k(int64_t k) { return ceil_div(k, kWgmmaStageK) * kWgmmaStageK; }
+
+namespace {
+
+template <typename T>
+CUfunction wgmma_func_t(int tile_m) {
+  if (tile_m == kWgmmaTileMSmall) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMSmall>);
+  if (tile_m == kWgmmaTileMMid) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMMid>);
+  return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMLarge>);
+}
+
+// A 2D tensor map over rows of `row_bytes` (16-byte multiple) with boxes of box_inner x box_rows.
+void encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t rows,
+               uint64_t row_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  const cuuint64_t dims[2] = {inner, rows};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  // Past the tensor's edges TMA writes zeros: ragged M, N and the K tail need no guards.
+  const CUresult r = cuTensorMapEncodeTiled(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: cuTensorMapEncodeTiled failed (" + std::to_string(r) + ")");
+  }
+}
+
+}  // namespace
+
+Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype) {
+  Launch l;
+  l.func = x_dtype == fp4::kDtypeF16 ? func_of(w4a16_wgmma_permute_x_kernel<__half>)
+                                     : func_of(w4a16_wgmma_permute_x_kernel<__nv_bfloat16>);
+  l.grid = dim3(grid_for_elements(pa.m * (pa.kp / 8)), 1, 1);
+  l.block = dim3(kElementwiseThreads, 1, 1);
+  return l;
+}
+
+void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg) {
+  const fp4::W4A16Problem& p = a.p;
+  const int64_t kp = wgmma_padded_k(p.k);
+  args.a = a;
+  args.k_stages = kp / kWgmmaStageK;
+  const CUtensorMapDataType xt =
+      p.x_dtype == fp4::kDtypeF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  encode_2d(&args.x_map, xt, xp, kp, p.m, kp * 2, kWgmmaXBoxK, cfg.tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
+  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, p.w_row_bytes, p.n, p.w_row_bytes,
+            kWgmmaStageK / fp4::kValuesPerByte, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_128B);
+  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, p.scale_row_bytes, p.n, p.scale_row_bytes,
+            kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg) {
+  Launch l;
+  l.func = p.x_dtype == fp4::kDtypeF16 ? wgmma_func_t<__half>(cfg.tile_m) : wgmma_func_t<__nv_bfloat16>(cfg.tile_m);
+  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows);
+  const int64_t gy = ceil_div(p.m, cfg.tile_m);
+  if (gy > 65535 || gx > 0x7FFFFFFF) {
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: problem too large for the wgmma grid");
+  }
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(cfg.splits));
+  l.block = dim3(kWgmmaThreads, 1, 1);
+  l.smem = static_cast<unsigned>(wgmma_smem_bytes(cfg.tile_m));
+  l.cluster = dim3(1, 1, static_cast<unsigned>(cfg.splits));
+  return l;
+}
+
 void preload_kernels() {
   // With lazy module loading (the CUDA 12+ default) a kernel is loaded on first use, which costs
   // milliseconds; do it once for all of them instead of on the first call of each shape.
@@ -200,6 +280,21 @@ void preload_kernels() {
     }
   }
   epilogue_launch(fp4::W4A16Problem{});
+  if (wgmma_built()) {
+    for (int dt : {fp4::kDtypeBF16, fp4::kDtypeF16}) {
+      fp4::W4A16Problem p{};
+      p.m = p.n = p.k = 1;
+      p.x_dtype = dt;
+      wgmma_permute_launch(WgmmaPermuteArgs{}, dt);
+      for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)}) {
+        const Launch l = wgmma_launch(p, WgmmaConfig{tm, 1});
+        const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                              static_cast<int>(l.smem));
+        if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+        // Split K runs as clusters of up to kWgmmaMaxSplits blocks (portable size: no opt-in).
+      }
+    }
+  }
 }
 
 const float* device_constant_zero() {

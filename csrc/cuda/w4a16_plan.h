@@ -12,7 +12,7 @@
 namespace mlx_fp4 {
 namespace cuda {
 
-enum class Path : int { kSimt = 0, kTensorCore = 1, kDequantGemm = 2 };
+enum class Path : int { kSimt = 0, kTensorCore = 1, kDequantGemm = 2, kWgmma = 3 };
 
 // Tensor-core kernel configuration: x-row tiles of 8 per block (mt), weight-row tiles of 16 per
 // warp (rt), warps per block splitting K (kw).
@@ -24,6 +24,13 @@ struct DeviceInfo {
   int sm_count = 132;
   int cc_major = 9;
   int cc_minor = 0;
+  bool wgmma = false;  // the sm_90a wgmma kernel is built and this device runs it (cc 9.0)
+};
+
+// wgmma kernel configuration: x rows per block (tile_m: 32, 64, 128) and blocks of one cluster
+// splitting K (splits: 1, 2, 4).
+struct WgmmaConfig {
+  int tile_m = 64, splits = 1;
 };
 
 struct Plan {
@@ -31,6 +38,7 @@ struct Plan {
   TcConfig tc;
   bool vec = false;     // 16-byte loads allowed (alignment and K % 8 checked)
   bool staged = false;  // the staged tensor-core kernel applies (staged_loads_ok)
+  WgmmaConfig wg;       // for Path::kWgmma
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -55,6 +63,14 @@ inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const voi
   if (!vector_loads_ok(p, x, w) || p.k % kStepK != 0) return false;
   const int64_t copy = int64_t(staged_sub_steps(p.k)) * kStageScaleBytesPerStep;
   return p.scale_row_bytes % copy == 0 && reinterpret_cast<uintptr_t>(scales) % copy == 0;
+}
+
+// True when the wgmma kernel's TMA copies apply: weight and scale rows in whole 16-byte units
+// from 16-byte aligned bases (x is first permuted into a buffer of ours, so any x works).
+inline bool wgmma_loads_ok(const fp4::W4A16Problem& p, const void* w, const void* scales) {
+  constexpr int64_t kTmaUnit = 16;
+  return p.w_row_bytes % kTmaUnit == 0 && p.scale_row_bytes % kTmaUnit == 0 &&
+         reinterpret_cast<uintptr_t>(w) % kTmaUnit == 0 && reinterpret_cast<uintptr_t>(scales) % kTmaUnit == 0;
 }
 
 namespace plan_detail {
@@ -100,13 +116,39 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = kw;
   return c;
 }
+// wgmma kernel: the narrowest x tile that holds M (up to 128 rows), then K split over 2 or 4
+// blocks of a cluster while the grid still fits one wave and each block keeps
+// kWgmmaMinStagesPerSplit stages of K.
+inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
+  WgmmaConfig c;
+  c.tile_m = p.m <= kWgmmaTileMSmall ? kWgmmaTileMSmall : p.m <= kWgmmaTileMMid ? kWgmmaTileMMid : kWgmmaTileMLarge;
+  const int64_t tiles = ceil_div(p.n, kWgmmaBlockRows) * ceil_div(p.m, c.tile_m);
+  const int64_t stages = ceil_div(p.k, kWgmmaStageK);
+  while (c.splits < kWgmmaMaxSplits && tiles * c.splits * 2 <= dev.sm_count &&
+         stages >= int64_t(kWgmmaMinStagesPerSplit) * c.splits * 2) {
+    c.splits *= 2;
+  }
+  return c;
+}
+
+// "tile_m,splits" (MLX_FP4_CUDA_WGMMA), or false when malformed.
+inline bool parse_wgmma(const char* s, WgmmaConfig& cfg) {
+  int tm = 0, sp = 0;
+  if (!s || std::sscanf(s, "%d,%d", &tm, &sp) != 2) return false;
+  if (tm != kWgmmaTileMSmall && tm != kWgmmaTileMMid && tm != kWgmmaTileMLarge) return false;
+  if (sp != 1 && sp != 2 && sp != 4) return false;
+  cfg = WgmmaConfig{tm, sp};
+  return true;
+}
 }  // namespace plan_detail
 
 // Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
-// `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant,
-// MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic.
+// `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant | wgmma,
+// MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic. `wgmma`: wgmma_loads_ok (the device's
+// dev.wgmma is checked here); `wgmma_override`: MLX_FP4_CUDA_WGMMA = "tile_m,splits".
 inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
-                       const char* path_override, const char* tc_override) {
+                       const char* path_override, const char* tc_override, bool wgmma = false,
+                       const char* wgmma_override = nullptr) {
   using namespace plan_detail;
   Plan plan;
   plan.vec = vec;
@@ -121,13 +163,19 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
   }
+  const bool wgmma_ok = half_x && wgmma && dev.wgmma;
+  plan.wg = auto_wgmma_config(p, dev);
+  if (wgmma_ok && kWgmmaMaxM > 0 && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {
     if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
     if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;
     if (!std::strcmp(path_override, "tc") && half_x) plan.path = Path::kTensorCore;
+    if (!std::strcmp(path_override, "wgmma") && wgmma_ok) plan.path = Path::kWgmma;
   }
   TcConfig forced;
   if (parse_tc(tc_override, forced)) plan.tc = forced;
+  WgmmaConfig forced_wg;
+  if (parse_wgmma(wgmma_override, forced_wg)) plan.wg = forced_wg;
   return plan;
 }
 

@@ -38,6 +38,29 @@ enum : int {
   kSimtWarps = 8,
   kSimtRows = 4,
 
+  // wgmma kernel (sm_90a, csrc/cuda/w4a16_wgmma.cuh): per block one producer warpgroup (TMA) and
+  // kWgmmaConsumers consumer warpgroups of kWgmmaRows weight rows each (wgmma m64nNk16, the decoded
+  // weights as the register A operand), N = x rows per block (kWgmmaTileM*), K in stages of
+  // kWgmmaStageK (a 128-byte weight row, a 16-byte scale row: TMA boxes of whole 16-byte units).
+  kWgmmaRows = 64,
+  kWgmmaConsumers = 2,
+  kWgmmaBlockRows = kWgmmaRows * kWgmmaConsumers,
+  kWgmmaThreads = 128 * (kWgmmaConsumers + 1),
+  kWgmmaStageK = 256,
+  kWgmmaSliceK = 16,        // K of one wgmma
+  kWgmmaXBoxK = 64,         // x values per TMA box row: 128 bytes, the 128-byte swizzle span
+  kWgmmaTileMSmall = 32,    // x rows per block: M <= 32, <= 64, else 128
+  kWgmmaTileMMid = 64,
+  kWgmmaTileMLarge = 128,
+  kWgmmaMaxStages = 6,
+  kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
+  kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
+  kWgmmaMinStagesPerSplit = 4,
+  // Automatic dispatch to the wgmma kernel for kWgmmaMinM <= M <= kWgmmaMaxM; 0 = never (not yet
+  // measured on a GPU: opt-in through MLX_FP4_CUDA_PATH=wgmma).
+  kWgmmaMinM = 0,
+  kWgmmaMaxM = 0,
+
   // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
   // Dequantize: threads per block, 32-bit words (8 values) per thread and pass.

@@ -1,0 +1,331 @@
+// wgmma kernel (sm_90a only; other targets compile empty bodies and the plan never picks it there):
+// weights decoded from FP4 + E4M3 in registers straight into the A operand of wgmma m64nNk16, x
+// (permuted, see below) as the shared-memory B operand, both copied by TMA. Included by
+// w4a16_matmul.cu only.
+//
+// Block: warpgroup 0 is the producer (one thread issues the TMA copies of each stage: x, weight
+// and scale tiles, into a ring of stages completing on mbarriers); warpgroups 1..kWgmmaConsumers
+// each own kWgmmaRows weight rows and all tile_m x rows of the block (the wgmma D = W x^T tile).
+// setmaxnreg moves registers from the producer to the consumers. Split K: the blocks of one
+// cluster take consecutive K ranges and rank 0 adds the others' accumulators from their shared
+// memory (DSMEM) in rank order, so the sum is deterministic. Then global scale, epilogue, cast.
+//
+// Lane layout. The decode of one 32-bit word of 8 nibbles (fp4_word) gives the pairs (j, j + 4),
+// j = 0..3; wgmma wants lane t of a warp to hold A columns (2t, 2t + 1) and (2t + 8, 2t + 9) of a
+// 16-wide slice. In a 256-wide stage, lane t takes the 64 values at 64t .. 64t + 63 of each of its
+// two rows (g, g + 8): word r (k = 64t + 8r) feeds slices 2r (pairs 0, 1) and 2r + 1 (pairs 2, 3).
+// So slice s = 2r + h, column 2t + e (+ 8c) reads k = 64t + 8r + 2h + c + 4e: x is permuted into
+// that order once per call (w4a16_wgmma_permute_x_kernel), the weights stay in MLX's layout.
+#pragma once
+#include <cooperative_groups.h>
+#include <cuda.h>
+
+#include "w4a16_device.cuh"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "w4a16_wgmma_mma.cuh"
+#endif
+
+namespace mlx_fp4 {
+namespace cuda {
+namespace {
+
+using namespace fp4::cuda_tiling;
+
+// Bytes of one stage of the ring: x (tile_m rows of kWgmmaStageK 16-bit values), the weight rows
+// (kWgmmaStageK / 2 bytes each) and their scale bytes; all multiples of 1024 (128-byte swizzle).
+__host__ __device__ constexpr int wgmma_x_stage_bytes(int tile_m) { return tile_m * kWgmmaStageK * 2; }
+__host__ __device__ constexpr int wgmma_w_stage_bytes() { return kWgmmaBlockRows * kWgmmaStageK / fp4::kValuesPerByte; }
+__host__ __device__ constexpr int wgmma_s_stage_bytes() { return kWgmmaBlockRows * kWgmmaStageK / fp4::kBlockSize; }
+__host__ __device__ constexpr int wgmma_stage_bytes(int tile_m) {
+  return wgmma_x_stage_bytes(tile_m) + wgmma_w_stage_bytes() + wgmma_s_stage_bytes();
+}
+constexpr int kWgmmaAlign = 1024;  // 128-byte swizzle atoms: 8 rows of 128 bytes
+__host__ __device__ constexpr int wgmma_stages(int tile_m) {
+  return (kWgmmaSmemBytes - kWgmmaAlign) / wgmma_stage_bytes(tile_m) < kWgmmaMaxStages
+             ? (kWgmmaSmemBytes - kWgmmaAlign) / wgmma_stage_bytes(tile_m)
+             : kWgmmaMaxStages;
+}
+__host__ __device__ constexpr int wgmma_smem_bytes(int tile_m) {
+  return wgmma_stages(tile_m) * wgmma_stage_bytes(tile_m) + kWgmmaAlign;
+}
+
+// Position `pos` (0..255) of a permuted stage holds x at this k offset of the stage (see top).
+__host__ __device__ __forceinline__ int wgmma_permuted_k(int pos) {
+  const int s = pos >> 4, c = (pos >> 3) & 1, t = (pos >> 1) & 3, e = pos & 1;
+  return 64 * t + 8 * (s >> 1) + 2 * (s & 1) + c + 4 * e;
+}
+
+// x -> xp: one thread writes 8 consecutive permuted values (16 bytes); zeros past K.
+template <typename T>
+__global__ void w4a16_wgmma_permute_x_kernel(const WgmmaPermuteArgs pa) {
+  constexpr int kChunk = 8;
+  const int64_t chunks_per_row = pa.kp / kChunk;
+  const T* x = static_cast<const T*>(pa.x);
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < pa.m * chunks_per_row;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = idx / chunks_per_row;
+    const int64_t p0 = (idx % chunks_per_row) * kChunk;
+    const int64_t stage_k = p0 / kWgmmaStageK * kWgmmaStageK;
+    const int pos = static_cast<int>(p0 - stage_k);
+    uint16_t v[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const int64_t k = stage_k + wgmma_permuted_k(pos + i);
+      const T xv = k < pa.k ? x[m * pa.k + k] : T(0.0f);
+      v[i] = reinterpret_cast<const uint16_t&>(xv);
+    }
+    uint4 out;
+    out.x = v[0] | (uint32_t(v[1]) << 16);
+    out.y = v[2] | (uint32_t(v[3]) << 16);
+    out.z = v[4] | (uint32_t(v[5]) << 16);
+    out.w = v[6] | (uint32_t(v[7]) << 16);
+    *reinterpret_cast<uint4*>(static_cast<T*>(pa.xp) + m * pa.kp + p0) = out;
+  }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ------------------------------------------------------------------------------------------
+// sm_90a primitives: mbarriers, TMA, wgmma fences, register reallocation.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// 2D TMA tile copy global -> shared (this block), completing on `bar`. c0: inner coordinate.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Descriptor of a K-major B tile in shared memory with the 128-byte swizzle: rows of 128 bytes,
+// 8-row atoms 1024 bytes apart (stride byte offset), leading byte offset unused (1).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
+  constexpr uint64_t kLeading = 1, kStride = kWgmmaAlign >> 4, kSwizzle128 = 1;
+  return uint64_t((addr & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) | (kSwizzle128 << 62);
+}
+
+// A operands of 8 slices (one half of a stage) for this lane: rows r0 and r0 + 8 of the block's
+// weight tile, words 4 * half .. 4 * half + 3 of the lane's 64 values, block scales from the table.
+// The weight tile is in the TMA's 128-byte swizzle: 16-byte chunk c of row r sits at c ^ (r % 8).
+template <typename T>
+__device__ __forceinline__ void wgmma_decode_half(uint32_t (&A)[8][4], const uint8_t* w, int r0, int t, int half,
+                                                  uint32_t sc0, uint32_t sc1, const uint32_t* s_scale) {
+  using Mma = Mma16<T>;
+  constexpr int kRowBytes = kWgmmaStageK / fp4::kValuesPerByte;
+  const int chunk = (2 * t + half) ^ (r0 & 7);  // rows r0 and r0 + 8 share r % 8
+  const uint4 v0 = *reinterpret_cast<const uint4*>(w + r0 * kRowBytes + chunk * kLaneBytes);
+  const uint4 v1 = *reinterpret_cast<const uint4*>(w + (r0 + 8) * kRowBytes + chunk * kLaneBytes);
+  const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w};
+  const uint32_t w1[4] = {v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    // Word r = 4 * half + q starts at k = 64t + 8r: scale byte (64t + 8r) / 16 - 4t of the lane's 4.
+    const int sb = 8 * (2 * half + (q >> 1));
+    const uint32_t s0 = s_scale[(sc0 >> sb) & 0xFFu];
+    const uint32_t s1 = s_scale[(sc1 >> sb) & 0xFFu];
+    uint32_t p0[4], p1[4];
+    fp4_word<T>(w0[q], p0);
+    fp4_word<T>(w1[q], p1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      A[2 * q + h][0] = Mma::mul(p0[2 * h], s0);      // row g, columns 2t, 2t + 1
+      A[2 * q + h][1] = Mma::mul(p1[2 * h], s1);      // row g + 8
+      A[2 * q + h][2] = Mma::mul(p0[2 * h + 1], s0);  // row g, columns 2t + 8, 2t + 9
+      A[2 * q + h][3] = Mma::mul(p1[2 * h + 1], s1);
+    }
+  }
+}
+
+// One half of a stage: 8 wgmma over slices 8 * half .. 8 * half + 7 of the stage's x tile (four
+// TMA boxes of kWgmmaXBoxK values; a slice is 32 bytes into its box's 128-byte rows).
+template <typename T, int TM>
+__device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uint32_t (&A)[8][4], uint32_t x_addr,
+                                                 int half) {
+  constexpr int kSlicesPerBox = kWgmmaXBoxK / kWgmmaSliceK;
+  constexpr int kSliceBytes = kWgmmaSliceK * 2;
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int s = 8 * half + i;
+    const uint32_t addr = x_addr + (s / kSlicesPerBox) * (TM * kWgmmaXBoxK * 2) + (s % kSlicesPerBox) * kSliceBytes;
+    wgmma_rs<T, TM>(acc, A[i], wgmma_desc(addr));
+  }
+  wgmma_commit();
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, int TM>
+__global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __grid_constant__ WgmmaArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = wgmma_stages(TM);
+  constexpr int kStageBytes = wgmma_stage_bytes(TM);
+  constexpr int kXBytes = wgmma_x_stage_bytes(TM);
+  constexpr int kWBytes = wgmma_w_stage_bytes();
+  constexpr int kConsumerWarps = kWgmmaConsumers * 4;
+  constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+  static_assert(kStages >= 2, "the ring needs two stages");
+  static_assert(TM / 2 * 128 * kWgmmaConsumers * 4 <= kStages * kStageBytes, "reduction must fit in the ring");
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  __shared__ uint32_t s_scale[256];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kWgmmaAlign - 1) &
+                                             ~uintptr_t(kWgmmaAlign - 1));
+  const W4A16Args& a = args.a;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int64_t n_base = int64_t(blockIdx.x) * kWgmmaBlockRows;
+  const int64_t m_base = int64_t(blockIdx.y) * TM;
+  const int64_t split = blockIdx.z, splits = gridDim.z;
+  const int64_t st_begin = args.k_stages * split / splits;
+  const int nst = static_cast<int>(args.k_stages * (split + 1) / splits - st_begin);
+
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  fill_scale_table<T>(s_scale);  // ends with __syncthreads: barriers and table visible
+
+  namespace cg = cooperative_groups;
+  const int warp = (tid / 32) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  if (wg == 0) {
+    // Producer. The accumulators live in the consumers' branch only: a value live across this
+    // branch would have to fit the producer's few registers (it went to local memory).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if (tid == 0) {
+#pragma unroll 1
+      for (int i = 0; i < nst; ++i) {
+        const int slot = i % kStages;
+        if (i >= kStages) mbar_wait(&empty[slot], ((i / kStages) - 1) & 1);
+        uint8_t* base = smem + slot * kStageBytes;
+        const int st = static_cast<int>(st_begin + i);
+        mbar_expect_tx(&full[slot], kStageBytes);
+#pragma unroll
+        for (int j = 0; j < kWgmmaStageK / kWgmmaXBoxK; ++j) {
+          tma_load_2d(base + j * (TM * kWgmmaXBoxK * 2), &args.x_map, &full[slot], st * kWgmmaStageK + j * kWgmmaXBoxK,
+                      static_cast<int>(m_base));
+        }
+        tma_load_2d(base + kXBytes, &args.w_map, &full[slot], st * (kWgmmaStageK / fp4::kValuesPerByte),
+                    static_cast<int>(n_base));
+        tma_load_2d(base + kXBytes + kWBytes, &args.s_map, &full[slot], st * (kWgmmaStageK / fp4::kBlockSize),
+                    static_cast<int>(n_base));
+      }
+    }
+    if (splits > 1) {  // the barriers of the consumers' reduction below
+      __syncthreads();
+      cg::this_cluster().sync();
+      cg::this_cluster().sync();
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  const int r0 = (wg - 1) * kWgmmaRows + warp * 16 + g;  // this lane's first weight row in the tile
+  constexpr int kScaleRow = kWgmmaStageK / fp4::kBlockSize;
+  float acc[TM / 2];
+#pragma unroll
+  for (int i = 0; i < TM / 2; ++i) acc[i] = 0.0f;
+  uint32_t A0[8][4], A1[8][4];
+#pragma unroll 1
+  for (int i = 0; i < nst; ++i) {
+    const int slot = i % kStages;
+    mbar_wait(&full[slot], (i / kStages) & 1);
+    const uint8_t* base = smem + slot * kStageBytes;
+    const uint32_t x_addr = smem_addr(base);
+    const uint8_t* w = base + kXBytes;
+    const uint8_t* sc = w + kWBytes;
+    // The lane's 4 scale bytes (64 values) of rows r0 and r0 + 8.
+    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(sc + r0 * kScaleRow + 4 * t);
+    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(sc + (r0 + 8) * kScaleRow + 4 * t);
+    wgmma_decode_half<T>(A0, w, r0, t, 0, sc0, sc1, s_scale);
+    wgmma_pin<TM / 2>(acc);
+    wgmma_issue_half<T, TM>(acc, A0, x_addr, 0);
+    // The previous stage's second half is done: its slot can be refilled.
+    wgmma_wait<1>();
+    wgmma_pin<TM / 2>(acc);
+    if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % kStages]);
+    wgmma_decode_half<T>(A1, w, r0, t, 1, sc0, sc1, s_scale);
+    wgmma_issue_half<T, TM>(acc, A1, x_addr, 1);
+    wgmma_wait<1>();  // the first half is done: A0 may be overwritten
+    wgmma_pin<TM / 2>(acc);
+  }
+  wgmma_wait<0>();
+  wgmma_pin<TM / 2>(acc);
+
+  if (splits > 1) {
+    // Cluster split K: ranks > 0 leave their accumulators in their own ring, rank 0 adds them.
+    cg::cluster_group cluster = cg::this_cluster();
+    constexpr int kConsumerThreads = 128 * kWgmmaConsumers;
+    float* red = reinterpret_cast<float*>(smem);
+    const int ct = tid - 128;
+    const unsigned rank = cluster.block_rank();
+    __syncthreads();  // every consumer is done with the ring
+    if (rank != 0) {
+#pragma unroll
+      for (int i = 0; i < TM / 2; ++i) red[i * kConsumerThreads + ct] = acc[i];
+    }
+    cluster.sync();
+    if (rank == 0) {
+      for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
+        const float* peer = cluster.map_shared_rank(red, r);
+#pragma unroll
+        for (int i = 0; i < TM / 2; ++i) acc[i] += peer[i * kConsumerThreads + ct];
+      }
+    }
+    cluster.sync();  // peers keep their shared memory until rank 0 has read it
+    if (rank != 0) return;
+  }
+
+  // D fragment: register 4j + c holds weight row r0 (+ 8 when c & 2), x row 8j + 2t + (c & 1).
+  const float gs = global_scale_of(a);
+#pragma unroll
+  for (int j = 0; j < TM / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t n = n_base + r0 + ((c & 2) ? 8 : 0);
+      const int64_t m = m_base + 8 * j + 2 * t + (c & 1);
+      if (n < a.p.n && m < a.p.m) {
+        store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, acc[4 * j + c] * kTcAccScale, m, n, gs));
+      }
+    }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace mlx_fp4
