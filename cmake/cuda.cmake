@@ -15,14 +15,16 @@
 #       and cuBLASLt (the driver API is only reached through libmlx).
 #
 # Cache options:
-#   MLX_FP4_CUDA_ARCHS   CUDA_ARCHITECTURES of the kernels (default: sm_80, 86, 89, 90 cubins and
-#                        compute_90 PTX for newer GPUs). A faster developer build: -DMLX_FP4_CUDA_ARCHS=90-real
+#   MLX_FP4_CUDA_ARCHS   CUDA_ARCHITECTURES of the kernels (default: sm_80, 86, 89, 90a cubins and
+#                        compute_90 PTX for newer GPUs). A faster developer build: -DMLX_FP4_CUDA_ARCHS=90a-real.
+#                        The wgmma kernel (csrc/cuda/w4a16_wgmma.cuh) needs sm_90a: with 90a in the list
+#                        MLX_FP4_WGMMA_BUILT is defined and the plan may pick it on cc 9.0 devices.
 #
 # Build requirements: nvcc of the CUDA major version of the mlx-cuda wheel (13 for mlx[cuda13]) and,
 # for MLXConfig.cmake's find_dependency(CUDNN), -DCUDNN_INCLUDE_PATH / -DCUDNN_LIBRARY_PATH when cuDNN
 # is not in a system folder (pip's nvidia-cudnn-cu13 puts it under site-packages/nvidia/cudnn).
 
-set(MLX_FP4_CUDA_ARCHS "80-real;86-real;89-real;90-real;90-virtual"
+set(MLX_FP4_CUDA_ARCHS "80-real;86-real;89-real;90a-real;90-virtual"
     CACHE STRING "CUDA architectures of the mlx_fp4 kernels")
 
 function(mlx_fp4_is_cuda_build OUT_VAR)
@@ -72,6 +74,9 @@ function(mlx_fp4_add_cuda_backend TARGET)
     POSITION_INDEPENDENT_CODE ON
     CUDA_SEPARABLE_COMPILATION OFF)
   target_include_directories(mlx_fp4_cuda_kernels PRIVATE "${_src}")
+  if(MLX_FP4_CUDA_ARCHS MATCHES "90a")
+    target_compile_definitions(mlx_fp4_cuda_kernels PRIVATE MLX_FP4_WGMMA_BUILT=1)
+  endif()
   # --threads 0: one nvcc thread per architecture.
   target_compile_options(mlx_fp4_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--threads=0 -Xptxas=-warn-spills>)
 

@@ -41,9 +41,15 @@ FAILED=()
 if [ -z "${ARCHS:-}" ]; then
   cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
   ARCHS="${cc:-90}-real"
+  # Hopper: the arch-specific target, which the wgmma kernel needs (wgmma, setmaxnreg).
+  [ "$ARCHS" = "90-real" ] && ARCHS="90a-real"
 fi
 SM="${ARCHS%%-*}"
 SM="${SM%%;*}"
+# The harness: sm_90a as -gencode (the -arch shorthand also runs a plain sm_90 pass), and the
+# define that tells the host code the wgmma kernel is in the binary.
+HARNESS_ARCH=(-arch="sm_$SM")
+[ "$SM" = "90a" ] && HARNESS_ARCH=(-gencode=arch=compute_90a,code=sm_90a -DMLX_FP4_WGMMA_BUILT=1)
 
 find_cudnn() {
   if [ -n "${CUDNN_ROOT:-}" ]; then echo "$CUDNN_ROOT"; return; fi
@@ -99,7 +105,7 @@ build_harness() {
     nv="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)/cu13/lib"
     [ -e "$nv/libcublasLt.so.13" ] && lt=(-L"$nv" -Xlinker -rpath -Xlinker "$nv" -l:libcublasLt.so.13)
   fi
-  nvcc -O3 -std=c++17 -arch="sm_$SM" -Icsrc csrc/cuda/kernel_harness.cu "$kobj" csrc/cuda/w4a16_cublas.cpp \
+  nvcc -O3 -std=c++17 "${HARNESS_ARCH[@]}" -Icsrc csrc/cuda/kernel_harness.cu "$kobj" csrc/cuda/w4a16_cublas.cpp \
     "${lt[@]}" -lcuda -o build/gpu/kernel_harness
 }
 

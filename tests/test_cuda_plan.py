@@ -32,10 +32,14 @@ def driver(tmp_path_factory):
     return run
 
 
-def plan(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-"):
-    (res,) = driver(f"plan {n} {k} {m} {dtype} {vec} {staged} {path} {tc}")
-    kind, mt, rt, kw, st = res
-    return kind, f"{mt}/{rt}/{kw}", st == "1"
+def plan_full(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-", wgmma=0, wg="-"):
+    (res,) = driver(f"plan {n} {k} {m} {dtype} {vec} {staged} {path} {tc} {wgmma} {wg}")
+    kind, mt, rt, kw, st, tile_m, splits = res
+    return kind, f"{mt}/{rt}/{kw}", st == "1", f"{tile_m}/{splits}"
+
+
+def plan(driver, *args, **kwargs):
+    return plan_full(driver, *args, **kwargs)[:3]
 
 
 # (N, K, M) -> (path, mt/rt/kw): the staged kernel's measured best tiles (kernel_tiles_*_h200.csv).
@@ -88,12 +92,57 @@ def test_overrides(driver):
 
 def test_load_conditions(driver):
     aligned = "4096 4096 512 1024 2048 4096"  # K, row bytes, scale row bytes, x, w, scales addresses
-    assert driver(f"loads {aligned}") == [("1", "1")]
-    assert driver("loads 4104 2052 257 1024 2048 4096") == [("0", "0")]  # K % 8 != 0
-    assert driver("loads 4160 2080 260 1024 2048 4096") == [("1", "0")]  # K % 128 != 0
-    assert driver("loads 4096 2048 256 1032 2048 4096") == [("0", "0")]  # x not 16-byte aligned
+    assert driver(f"loads {aligned}")[0][:2] == ("1", "1")
+    assert driver("loads 4104 2052 257 1024 2048 4096")[0][:2] == ("0", "0")  # K % 8 != 0
+    assert driver("loads 4160 2080 260 1024 2048 4096")[0][:2] == ("1", "0")  # K % 128 != 0
+    assert driver("loads 4096 2048 256 1032 2048 4096")[0][:2] == ("0", "0")  # x not 16-byte aligned
     # Scales: one copy per row and stage, 16 bytes when K % 256 == 0 (two steps), else 8 bytes.
-    assert driver("loads 4096 2048 256 1024 2048 4104") == [("1", "0")]  # scales not 16-byte aligned
-    assert driver("loads 4224 2112 264 1024 2048 4104") == [("1", "1")]  # K % 256 != 0: 8 bytes suffice
-    assert driver("loads 4224 2112 264 1024 2048 4100") == [("1", "0")]  # ... but not 4
-    assert driver("loads 4096 2064 256 1024 2048 4096") == [("1", "1")]  # padded rows are fine
+    assert driver("loads 4096 2048 256 1024 2048 4104")[0][:2] == ("1", "0")  # scales not 16-byte aligned
+    assert driver("loads 4224 2112 264 1024 2048 4104")[0][:2] == ("1", "1")  # K % 256 != 0: 8 bytes suffice
+    assert driver("loads 4224 2112 264 1024 2048 4100")[0][:2] == ("1", "0")  # ... but not 4
+    assert driver("loads 4096 2064 256 1024 2048 4096")[0][:2] == ("1", "1")  # padded rows are fine
+
+
+# The wgmma kernel (sm_90a) is not measured on a GPU yet: never chosen automatically, only through
+# MLX_FP4_CUDA_PATH=wgmma, and only where its TMA copies apply and for 16-bit x.
+@pytest.mark.parametrize("m", [1, 32, 64, 128, 256, 1024, 8192])
+def test_wgmma_is_opt_in(driver, m):
+    assert plan_full(driver, 8192, 8192, m, wgmma=1)[0] != "wgmma"
+    assert plan_full(driver, 8192, 8192, m, wgmma=1, path="wgmma")[0] == "wgmma"
+
+
+def test_wgmma_override_needs_its_conditions(driver):
+    assert plan_full(driver, 8192, 8192, 64, wgmma=0, path="wgmma")[0] == "tc"  # loads not ok: automatic
+    assert plan_full(driver, 8192, 8192, 64, "f32", wgmma=1, path="wgmma")[0] == "dequant"  # fp32 x
+
+
+# (N, K, M) -> tile_m/splits: the narrowest x tile, then K split while the grid fits 132 SMs.
+WGMMA_TILES = {
+    (8192, 8192, 32): "32/2",     # 64 tiles x 2 = 128 blocks
+    (8192, 8192, 64): "64/2",
+    (8192, 8192, 128): "128/2",
+    (8192, 8192, 256): "128/1",   # 128 tiles already
+    (4096, 14336, 64): "64/4",    # 32 tiles x 4
+    (14336, 4096, 64): "64/1",    # 112 tiles
+    (8192, 1024, 64): "64/1",     # 4 stages of K: no split
+}
+
+
+@pytest.mark.parametrize("shape", sorted(WGMMA_TILES), ids=lambda s: "{}x{}-M{}".format(*s))
+def test_wgmma_tiles(driver, shape):
+    assert plan_full(driver, *shape, wgmma=1, path="wgmma")[3] == WGMMA_TILES[shape]
+
+
+def test_wgmma_tile_override(driver):
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="128,4")[3] == "128/4"
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="96,4")[3] == "64/2"  # malformed: ignored
+
+
+def test_wgmma_load_conditions(driver):
+    # K, row bytes, scale row bytes, x, w, scales addresses -> third field: wgmma_loads_ok
+    assert driver("loads 4096 2048 256 1032 2048 4096")[0][2] == "1"  # any x (permuted into our buffer)
+    assert driver("loads 4088 2048 256 1024 2048 4096")[0][2] == "1"  # K tail, padded rows
+    assert driver("loads 4088 2044 256 1024 2048 4096")[0][2] == "0"  # rows not in 16-byte units
+    assert driver("loads 4224 2112 264 1024 2048 4096")[0][2] == "0"  # scale rows not in 16-byte units
+    assert driver("loads 4096 2048 256 1024 2056 4096")[0][2] == "0"  # weights not 16-byte aligned
+    assert driver("loads 4096 2048 256 1024 2048 4104")[0][2] == "0"  # scales not 16-byte aligned

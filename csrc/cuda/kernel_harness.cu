@@ -86,8 +86,29 @@ struct DevBuf {
 
 void launch(const Launch& l, void* args, cudaStream_t s) {
   void* params[] = {args};
-  CUresult r = cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
-                              reinterpret_cast<CUstream>(s), params, nullptr);
+  CUresult r;
+  if (l.cluster.x * l.cluster.y * l.cluster.z > 1) {
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = l.cluster.x;
+    attr.value.clusterDim.y = l.cluster.y;
+    attr.value.clusterDim.z = l.cluster.z;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = l.grid.x;
+    cfg.gridDimY = l.grid.y;
+    cfg.gridDimZ = l.grid.z;
+    cfg.blockDimX = l.block.x;
+    cfg.blockDimY = l.block.y;
+    cfg.blockDimZ = l.block.z;
+    cfg.sharedMemBytes = l.smem;
+    cfg.hStream = reinterpret_cast<CUstream>(s);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    r = cuLaunchKernelEx(&cfg, l.func, params, nullptr);
+  } else {
+    r = cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
+                       reinterpret_cast<CUstream>(s), params, nullptr);
+  }
   if (r != CUDA_SUCCESS) {
     const char* msg = nullptr;
     cuGetErrorString(r, &msg);
@@ -114,11 +135,33 @@ fp4::W4A16Problem bf16_problem(int64_t m, int64_t n, int64_t k, int64_t wrb, int
   return p;
 }
 
+// The wgmma path: x permuted into g_xp (grown outside any capture, see wgmma_scratch), then the
+// kernel. g_wg: the configuration (null = the plan's).
+DevBuf* g_xp = nullptr;
+const WgmmaConfig* g_wg = nullptr;
+void wgmma_scratch(int64_t m, int64_t k) {
+  const size_t need = size_t(m) * size_t(wgmma_padded_k(k)) * 2;
+  if (g_xp && g_xp->bytes >= need) return;
+  delete g_xp;
+  g_xp = new DevBuf(need);
+}
+void run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
+  const fp4::W4A16Problem& p = a.p;
+  wgmma_scratch(p.m, p.k);
+  WgmmaPermuteArgs pa{a.x, g_xp->p, p.m, p.k, wgmma_padded_k(p.k)};
+  launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s);
+  WgmmaArgs wa;
+  wgmma_prepare(wa, a, g_xp->p, cfg);
+  launch(wgmma_launch(p, cfg), &wa, s);
+}
+
 // One product by the given path into a.out (device pointers in a). For dequant: wd/acc scratch.
 void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc, cudaStream_t s) {
   const fp4::W4A16Problem& p = a.p;
   const bool vec = vector_loads_ok(p, a.x, a.w);
-  if (path == Path::kTensorCore) {
+  if (path == Path::kWgmma) {
+    run_wgmma(g_wg ? *g_wg : plan_w4a16(p, g_dev, vec, false, nullptr, nullptr, true).wg, a, s);
+  } else if (path == Path::kTensorCore) {
     launch(tc_launch(p, cfg, vec, g_staged && staged_loads_ok(p, a.x, a.w, a.scales)), &a, s);
   } else if (path == Path::kSimt) {
     launch(simt_launch(p, vec), &a, s);
@@ -143,7 +186,7 @@ void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc,
 }
 
 const char* path_name(Path p) {
-  return p == Path::kTensorCore ? "tc" : p == Path::kSimt ? "simt" : "dequant";
+  return p == Path::kWgmma ? "wgmma" : p == Path::kTensorCore ? "tc" : p == Path::kSimt ? "simt" : "dequant";
 }
 const char* dtype_name(int d) { return d == fp4::kDtypeF32 ? "f32" : d == fp4::kDtypeF16 ? "f16" : "bf16"; }
 
@@ -266,7 +309,8 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   a.p = p;
   DevBuf wd(p.n * p.k * xs), acc(p.m * p.n * 4);
   const Plan plan = plan_w4a16(p, g_dev, vector_loads_ok(p, a.x, a.w),
-                               g_staged && staged_loads_ok(p, a.x, a.w, a.scales), nullptr, nullptr);
+                               g_staged && staged_loads_ok(p, a.x, a.w, a.scales), nullptr, nullptr,
+                               wgmma_loads_ok(p, a.w, a.scales));
   const TcConfig cfg = cfg_override ? *cfg_override : plan.tc;
   run_path(path, cfg, a, wd.p, static_cast<float*>(acc.p), 0);
   CK(cudaDeviceSynchronize());
@@ -291,10 +335,11 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   const bool ok = worst <= 1.0;
   if (!ok) ++g_failures;
   const bool staged = path == Path::kTensorCore && g_staged && staged_loads_ok(p, a.x, a.w, a.scales);
-  std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld,tc=%d/%d/%d,worst=%.3g,%s",
+  const WgmmaConfig wg = g_wg ? *g_wg : plan.wg;
+  std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld,tc=%d/%d/%d,wg=%d/%d,worst=%.3g,%s",
               staged ? "tc-staged" : path_name(path), ok ? "ok" : "FAIL", dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
-              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, cfg.mt, cfg.rt, cfg.kw, worst,
-              ok ? "\n" : "");
+              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, cfg.mt, cfg.rt, cfg.kw,
+              path == Path::kWgmma ? wg.tile_m : 0, path == Path::kWgmma ? wg.splits : 0, worst, ok ? "\n" : "");
   if (!ok) {
     std::printf(" at m=%lld n=%lld y=%.8g ref=%.8g\n", (long long)(worst_i / p.n), (long long)(worst_i % p.n),
                 host_load(out, c.out_dtype, worst_i), ref[worst_i]);
@@ -631,8 +676,10 @@ void run_profile() {
 
 }  // namespace
 
+#include "kernel_harness_wgmma.h"
+
 int main(int argc, char** argv) {
-  bool check = false, bench = false, quick = false, profile = false, small = false, mid = false;
+  bool check = false, bench = false, quick = false, profile = false, small = false, mid = false, wgmma = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
@@ -640,6 +687,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--small")) small = true;  // bench: M <= 32 only, every tile choice
     if (!std::strcmp(argv[i], "--mid")) mid = true;      // bench: M = 32..256, staged kernel vs dequant
+    if (!std::strcmp(argv[i], "--wgmma")) wgmma = true;  // bench: M = 32..1024, wgmma vs dense and the rest
   }
   if (!check && !bench && !profile) check = bench = true;
   CK(cudaSetDevice(0));
@@ -647,7 +695,8 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetAttribute(&g_dev.sm_count, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaDeviceGetAttribute(&g_dev.cc_major, cudaDevAttrComputeCapabilityMajor, 0));
   CK(cudaDeviceGetAttribute(&g_dev.cc_minor, cudaDevAttrComputeCapabilityMinor, 0));
-  std::printf("device,sm=%d,cc=%d.%d\n", g_dev.sm_count, g_dev.cc_major, g_dev.cc_minor);
+  g_dev.wgmma = wgmma_built() && g_dev.cc_major == 9 && g_dev.cc_minor == 0;
+  std::printf("device,sm=%d,cc=%d.%d,wgmma=%d\n", g_dev.sm_count, g_dev.cc_major, g_dev.cc_minor, int(g_dev.wgmma));
   char err[256] = {0};
   g_lt = cublas_handle(0, err);
   if (!g_lt) {
@@ -658,7 +707,9 @@ int main(int argc, char** argv) {
   preload_kernels();  // also raises the staged kernels' dynamic shared memory limit
   if (profile) run_profile();
   if (check) run_checks(quick);
-  if (bench) run_bench(quick, small, mid);
+  if (check && g_dev.wgmma) run_wgmma_checks(quick);
+  if (bench && wgmma && g_dev.wgmma) run_wgmma_bench();
+  if (bench && !wgmma) run_bench(quick, small, mid);
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -58,6 +58,7 @@ cuda::DeviceInfo device_info(int device) {
     check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+    d.wgmma = cuda::wgmma_built() && d.cc_major == 9 && d.cc_minor == 0;
     cuda::preload_kernels();
     cache[device] = d;
     have[device] = true;
@@ -72,7 +73,7 @@ const char* env_or_null(const char* name) {
 
 template <typename Args>
 void add_node(cu::CommandEncoder& enc, const Launch& l, Args& args) {
-  enc.add_kernel_node_ex(l.func, l.grid, l.block, {}, l.smem, args);
+  enc.add_kernel_node_ex(l.func, l.grid, l.block, l.cluster, l.smem, args);
 }
 
 }  // namespace
@@ -104,7 +105,28 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   // MLX_FP4_CUDA_STAGED=0 keeps the register-prefetch tensor-core kernel (tests, A/B timing).
   static const char* staged_env = env_or_null("MLX_FP4_CUDA_STAGED");
   const bool staged = !(staged_env && !std::strcmp(staged_env, "0")) && cuda::staged_loads_ok(p, a.x, a.w, a.scales);
-  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, staged, path_env, tc_env);
+  static const char* wgmma_env = env_or_null("MLX_FP4_CUDA_WGMMA");
+  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, staged, path_env, tc_env,
+                                           cuda::wgmma_loads_ok(p, a.w, a.scales), wgmma_env);
+
+  if (plan.path == Path::kWgmma) {
+    // x permuted into a temporary (the kernel's k order), then the wgmma kernel over it.
+    const auto& x = inputs[kInputX];
+    const int64_t kp = cuda::wgmma_padded_k(p.k);
+    mx::array xp = device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
+    cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(xp), p.m, p.k, kp};
+    enc.set_input_array(x);
+    enc.set_output_array(xp);
+    add_node(enc, cuda::wgmma_permute_launch(pa, p.x_dtype), pa);
+    cuda::WgmmaArgs wa;
+    cuda::wgmma_prepare(wa, a, pa.xp, plan.wg);
+    enc.set_input_array(xp);
+    for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    add_node(enc, cuda::wgmma_launch(p, plan.wg), wa);
+    enc.add_temporary(xp);
+    return;
+  }
 
   if (plan.path == Path::kTensorCore || plan.path == Path::kSimt) {
     for (const auto& in : inputs) enc.set_input_array(in);

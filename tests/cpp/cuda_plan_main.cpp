@@ -1,10 +1,11 @@
 // Prints the CUDA backend's kernel choice (csrc/cuda/w4a16_plan.h, no CUDA needed) for problems read
 // from stdin, one per line:
-//   plan N K M dtype(bf16|f16|f32) vec(0|1) staged(0|1) [path_override|-] [tc_override|-]
-//     -> "path mt rt kw staged"          (path: simt | tc | dequant)
+//   plan N K M dtype(bf16|f16|f32) vec(0|1) staged(0|1) [path_override|-] [tc_override|-] [wgmma(0|1)]
+//        [wgmma_override|-]
+//     -> "path mt rt kw staged tile_m splits"   (path: simt | tc | dequant | wgmma)
 //   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
-//     -> "vector staged"                 (vector_loads_ok, staged_loads_ok on those addresses)
-// Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90).
+//     -> "vector staged wgmma"           (vector_loads_ok, staged_loads_ok, wgmma_loads_ok)
+// Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90, the wgmma kernel built).
 #include <cstdint>
 #include <iostream>
 #include <sstream>
@@ -23,13 +24,13 @@ int dtype_code(const std::string& s) {
 }
 
 const char* path_name(Path p) {
-  return p == Path::kTensorCore ? "tc" : p == Path::kSimt ? "simt" : "dequant";
+  return p == Path::kWgmma ? "wgmma" : p == Path::kTensorCore ? "tc" : p == Path::kSimt ? "simt" : "dequant";
 }
 
 }  // namespace
 
 int main() {
-  const DeviceInfo h200{132, 9, 0};
+  const DeviceInfo h200{132, 9, 0, true};
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -37,21 +38,23 @@ int main() {
     in >> what;
     fp4::W4A16Problem p{};
     if (what == "plan") {
-      std::string dt, path_o = "-", tc_o = "-";
-      int vec = 0, staged = 0;
-      in >> p.n >> p.k >> p.m >> dt >> vec >> staged >> path_o >> tc_o;
+      std::string dt, path_o = "-", tc_o = "-", wg_o = "-";
+      int vec = 0, staged = 0, wgmma = 0;
+      in >> p.n >> p.k >> p.m >> dt >> vec >> staged >> path_o >> tc_o >> wgmma >> wg_o;
       p.x_dtype = dtype_code(dt);
       const Plan plan = plan_w4a16(p, h200, vec != 0, staged != 0, path_o == "-" ? nullptr : path_o.c_str(),
-                                   tc_o == "-" ? nullptr : tc_o.c_str());
+                                   tc_o == "-" ? nullptr : tc_o.c_str(), wgmma != 0,
+                                   wg_o == "-" ? nullptr : wg_o.c_str());
       std::cout << path_name(plan.path) << ' ' << plan.tc.mt << ' ' << plan.tc.rt << ' ' << plan.tc.kw << ' '
-                << int(plan.staged) << '\n';
+                << int(plan.staged) << ' ' << plan.wg.tile_m << ' ' << plan.wg.splits << '\n';
     } else if (what == "loads") {
       uintptr_t x = 0, w = 0, s = 0;
       in >> p.k >> p.w_row_bytes >> p.scale_row_bytes >> x >> w >> s;
       const auto* xp = reinterpret_cast<const void*>(x);
       const auto* wp = reinterpret_cast<const void*>(w);
       const auto* sp = reinterpret_cast<const void*>(s);
-      std::cout << int(vector_loads_ok(p, xp, wp)) << ' ' << int(staged_loads_ok(p, xp, wp, sp)) << '\n';
+      std::cout << int(vector_loads_ok(p, xp, wp)) << ' ' << int(staged_loads_ok(p, xp, wp, sp)) << ' '
+                << int(wgmma_loads_ok(p, wp, sp)) << '\n';
     } else {
       std::cout << "?\n";
     }

@@ -1,0 +1,202 @@
+// The wgmma kernel's part of kernel_harness.cu (included there, after its helpers; same
+// translation unit): correctness over ragged M/N/K, K % 128 != 0 tails, padded rows, epilogues,
+// dtypes, every tile and split, an exact decode test; timing against dense bf16 cuBLASLt, the
+// staged kernel and dequantize + cuBLASLt in the same run.
+#pragma once
+
+namespace {
+
+// Exact decode through the wgmma kernel: K = 256 (one stage), x = identity rows (M = K), so
+// y[m, n] = decode(w[n, m]) * scale[n, m / 16] exactly; rows and scales cover every byte and code.
+void check_wgmma_exact_decode(int x_dtype, const WgmmaConfig& cfg) {
+  const int64_t N = 4096, K = fp4::cuda_tiling::kWgmmaStageK, M = K;
+  fp4::W4A16Problem p{};
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.w_row_bytes = K / 2;
+  p.scale_row_bytes = K / 16;
+  p.x_dtype = x_dtype;
+  p.out_dtype = fp4::kDtypeF32;
+  std::vector<uint8_t> w(N * p.w_row_bytes), sc(N * p.scale_row_bytes), x(M * K * 2);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t j = 0; j < p.w_row_bytes; ++j) w[n * p.w_row_bytes + j] = uint8_t((n * 8 + j * 37) & 0xFF);
+    for (int64_t b = 0; b < p.scale_row_bytes; ++b) {
+      int code = int((n * 37 + b * 101 + n / 256) & 0xFF);
+      if ((code & 0x7F) == 0x7F) code = 0x38;
+      sc[n * p.scale_row_bytes + b] = uint8_t(code);
+    }
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) host_store(x, x_dtype, m * K + k, m == k ? 1.0f : 0.0f);
+  DevBuf dx(x.size()), dw(w.size()), ds(sc.size()), dout(M * N * 4);
+  CK(cudaMemcpy(dx.p, x.data(), x.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ds.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemset(dout.p, 0, dout.bytes));
+  W4A16Args a{};
+  a.x = dx.p;
+  a.w = static_cast<const uint8_t*>(dw.p);
+  a.scales = static_cast<const uint8_t*>(ds.p);
+  a.out = dout.p;
+  a.p = p;
+  run_wgmma(cfg, a, 0);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> out(M * N);
+  CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const uint32_t b = w[n * p.w_row_bytes + m / 2];
+      const uint32_t code = (m & 1) ? (b >> 4) : (b & 0xF);
+      const float r = fp4::e2m1_to_float(code) * fp4::e4m3_to_float(sc[n * p.scale_row_bytes + m / 16]);
+      const float y = out[m * N + n];
+      if (!(y == r || (std::isnan(y) && std::isnan(r)))) {
+        if (bad < 5) std::printf("  decode mismatch x=%s m=%lld n=%lld y=%g ref=%g\n", dtype_name(x_dtype),
+                                 (long long)m, (long long)n, y, r);
+        ++bad;
+      }
+    }
+  if (bad) ++g_failures;
+  std::printf("check,wgmma-exact-decode,%s,x=%s,wg=%d/%d,mismatches=%d\n", bad ? "FAIL" : "ok", dtype_name(x_dtype),
+              cfg.tile_m, cfg.splits, bad);
+}
+
+void run_wgmma_checks(bool quick) {
+  using namespace fp4::cuda_tiling;
+  std::mt19937 rng(4321);
+  for (int dt : {fp4::kDtypeBF16, fp4::kDtypeF16}) {
+    check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMLarge, 1});
+    check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMMid, 1});
+  }
+  // Weight and scale rows in whole 16-byte units (wgmma_loads_ok): K % 256 == 0, or a K tail
+  // (K % 128 != 0) with padded weight rows; ragged M and N; every epilogue; all dtypes.
+  const std::vector<Case> cases = {
+      {1, 64, 256, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 0},
+      {5, 200, 1024, fp4::kDtypeBF16, fp4::kDtypeF32, true, 1},
+      {33, 136, 1016, fp4::kDtypeF16, fp4::kDtypeF16, true, 2, 4},     // K tail, rows of 512 bytes
+      {64, 256, 2048, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 3},
+      {100, 320, 2048, fp4::kDtypeBF16, fp4::kDtypeBF16, false, 1, 16}, // padded rows
+      {129, 128, 4088, fp4::kDtypeF16, fp4::kDtypeBF16, true, 0, 4},   // K tail, two x tiles of 128
+      {200, 77, 768, fp4::kDtypeBF16, fp4::kDtypeF16, true, 2, 16},    // N % 8 != 0
+      {96, 256, 4096, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 0},
+      {70, 400, 4352, fp4::kDtypeF16, fp4::kDtypeF32, false, 1},       // 17 stages: uneven splits
+      {512, 128, 1024, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 2},
+      {300, 64, 256, fp4::kDtypeF16, fp4::kDtypeBF16, false, 3},       // one stage, idle split blocks
+  };
+  for (const auto& c : cases) {
+    g_wg = nullptr;
+    check_case(c, Path::kWgmma, nullptr, rng);
+    for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)})
+      for (int sp : {1, 2, 4}) {
+        if (quick && sp == 2) continue;
+        const WgmmaConfig cfg{tm, sp};
+        g_wg = &cfg;
+        check_case(c, Path::kWgmma, nullptr, rng);
+      }
+    g_wg = nullptr;
+  }
+}
+
+// Kernel time of the wgmma kernel (planned and every tile / split), its x permutation alone, next
+// to dense bf16 cuBLASLt, dequantize + cuBLASLt and the staged kernel (M <= 64), same run.
+void run_wgmma_bench() {
+  using namespace fp4::cuda_tiling;
+  const std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
+  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 512, 1024};
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::mt19937 rng(7);
+  for (const auto& sh : shapes) {
+    const int64_t N = sh.n, K = sh.k, wrb = K / 2, srb = K / 16;
+    const size_t wbytes = N * wrb + N * srb;
+    const int copies = int(std::max<int64_t>(2, (400LL << 20) / int64_t(wbytes) + 1));
+    std::vector<DevBuf*> dw, ds, dd;
+    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
+    for (auto& b : hw) b = uint8_t(rng());
+    for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
+    for (int c = 0; c < copies; ++c) {
+      dw.push_back(new DevBuf(hw.size()));
+      ds.push_back(new DevBuf(hs.size()));
+      CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
+    }
+    const int dcopies = 3;
+    for (int c = 0; c < dcopies; ++c) {
+      dd.push_back(new DevBuf(N * K * 2));
+      DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), dd.back()->p,
+                    N, K, wrb, srb, fp4::kDtypeBF16};
+      launch(dequant_launch(d, true), &d, s);
+    }
+    const int64_t maxm = ms.back();
+    DevBuf dx(maxm * K * 2), dout(maxm * N * 4), wd(N * K * 2), acc(maxm * N * 4);
+    {
+      std::vector<uint8_t> hx(maxm * K * 2);
+      for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
+      CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    }
+    wgmma_scratch(maxm, K);  // before any capture
+    for (int64_t M : ms) {
+      const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
+      W4A16Args a{};
+      a.x = dx.p;
+      a.out = dout.p;
+      a.p = p;
+      auto with_copy = [&](int c) {
+        W4A16Args b = a;
+        b.w = static_cast<const uint8_t*>(dw[c]->p);
+        b.scales = static_cast<const uint8_t*>(ds[c]->p);
+        return b;
+      };
+      const int iters = 20;
+      auto report = [&](const char* what, const char* cfg, double us) {
+        std::printf("bench,%lldx%lld,M=%lld,%s,%s,us=%.2f,TFLOPs=%.1f,wGBps=%.0f\n", (long long)N, (long long)K,
+                    (long long)M, what, cfg, us, 2.0 * M * N * K / us / 1e6, double(wbytes) / us / 1e3);
+      };
+      const double dense = time_us(
+          [&](int c) {
+            char err[256];
+            if (!cublas_gemm(g_lt, s, M, N, K, dx.p, dd[c]->p, fp4::kDtypeBF16, dout.p, fp4::kDtypeBF16, nullptr,
+                             g_ws->p, kWsBytes, err)) {
+              std::fprintf(stderr, "%s\n", err);
+              std::exit(2);
+            }
+          },
+          dcopies, iters, s);
+      report("dense_bf16", "-", dense);
+      const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr, true);
+      std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d,wg=%d/%d\n", (long long)N, (long long)K, (long long)M,
+                  path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw, plan.wg.tile_m, plan.wg.splits);
+      report("dequant+gemm", "-",
+             time_us([&](int c) { run_path(Path::kDequantGemm, plan.tc, with_copy(c), wd.p, static_cast<float*>(acc.p), s); },
+                     copies, iters, s));
+      if (M <= kStagedTcMaxM) {
+        g_staged = true;
+        const Plan tp = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
+        report("tc-staged", "plan",
+               time_us([&](int c) { run_path(Path::kTensorCore, tp.tc, with_copy(c), nullptr, nullptr, s); }, copies,
+                       iters, s));
+      }
+      WgmmaPermuteArgs pa{dx.p, g_xp->p, M, K, wgmma_padded_k(K)};
+      report("wgmma_permute_only", "-", time_us([&](int) { launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s); }, 1,
+                                                 iters, s));
+      std::vector<WgmmaConfig> cfgs = {plan.wg};
+      for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)})
+        for (int sp : {1, 2, 4}) {
+          if ((tm == kWgmmaTileMSmall && M > 64) || (tm == plan.wg.tile_m && sp == plan.wg.splits)) continue;
+          cfgs.push_back(WgmmaConfig{tm, sp});
+        }
+      for (size_t i = 0; i < cfgs.size(); ++i) {
+        char name[32];
+        std::snprintf(name, sizeof name, "%s%d/%d", i == 0 ? "plan:" : "", cfgs[i].tile_m, cfgs[i].splits);
+        report("wgmma", name, time_us([&](int c) { run_wgmma(cfgs[i], with_copy(c), s); }, copies, iters, s));
+      }
+      std::fflush(stdout);
+    }
+    for (auto* b : dw) delete b;
+    for (auto* b : ds) delete b;
+    for (auto* b : dd) delete b;
+  }
+}
+
+}  // namespace
