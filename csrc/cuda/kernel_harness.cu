@@ -4,7 +4,8 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small] [--mid]. Prints CSV-like lines; exit code 1 on a failure.
+// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
+// exit code 1 on a failure. The wgmma kernel's checks and bench: kernel_harness_wgmma.h.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -690,6 +691,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--wgmma")) wgmma = true;  // bench: M = 32..1024, wgmma vs dense and the rest
   }
   if (!check && !bench && !profile) check = bench = true;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log even when a run is cut short
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
   CK(cudaDeviceGetAttribute(&g_dev.sm_count, cudaDevAttrMultiProcessorCount, 0));
@@ -707,7 +709,7 @@ int main(int argc, char** argv) {
   preload_kernels();  // also raises the staged kernels' dynamic shared memory limit
   if (profile) run_profile();
   if (check) run_checks(quick);
-  if (check && g_dev.wgmma) run_wgmma_checks(quick);
+  if (check && g_dev.wgmma) run_wgmma_checks();
   if (bench && wgmma && g_dev.wgmma) run_wgmma_bench();
   if (bench && !wgmma) run_bench(quick, small, mid);
   std::printf("failures,%d\n", g_failures);
