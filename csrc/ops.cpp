@@ -6,6 +6,7 @@
 #include "format_tables.h"
 #include "mlx/ops.h"
 #include "mlx_fp4.h"
+#include "ops_internal.h"
 #include "primitives.h"
 
 namespace mlx_fp4 {
@@ -212,19 +213,9 @@ Prepared prepare(
   return p;
 }
 
-}  // namespace
-
-mx::array w4a16_matmul(
-    const mx::array& x_in,
-    const mx::array& w,
-    const mx::array& scales,
-    const std::optional<mx::array>& global_scale,
-    const std::vector<EpilogueSpec>& epilogue,
-    std::optional<mx::Dtype> out_dtype,
-    mx::StreamOrDevice s) {
-  auto [c, operands] = prepare(x_in, w, scales, global_scale, epilogue, out_dtype, s);
-  auto stream = mx::to_stream(s);
-
+// One W4A16Matmul node over the checked, canonical inputs.
+mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
+  const Checked& c = p.c;
   std::vector<mx::array> inputs = {
       mx::contiguous(c.x, false, s), mx::contiguous(c.w_bytes, false, s), mx::contiguous(c.scales, false, s)};
   if (c.gs) {
@@ -235,18 +226,64 @@ mx::array w4a16_matmul(
   for (size_t i = 0; i < epilogue.size(); ++i) {
     const auto& spec = epilogue[i];
     fp4::EpilogueOp op{spec.code, -1, spec.p0, spec.p1};
-    if (operands[i]) {
+    if (p.operands[i]) {
       op.operand = static_cast<int>(kinds.size());
-      kinds.push_back(operands[i]->first);
-      inputs.push_back(operands[i]->second);
+      kinds.push_back(p.operands[i]->first);
+      inputs.push_back(p.operands[i]->second);
     }
     ops.push_back(op);
   }
   return mx::array(
       c.out_shape,
       c.out_dtype,
-      std::make_shared<W4A16Matmul>(stream, c.out_dtype, c.gs.has_value(), std::move(ops), std::move(kinds)),
+      std::make_shared<W4A16Matmul>(mx::to_stream(s), c.out_dtype, c.gs.has_value(), std::move(ops),
+                                    std::move(kinds)),
       std::move(inputs));
+}
+
+// The same math in MLX ops: exact fp32 decode, fp32 matmul, multiplier, chain, one cast.
+mx::array reference_graph(const Checked& c, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
+  auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
+  auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
+  if (c.gs) {
+    y = mx::multiply(y, *c.gs, s);
+  }
+  for (const auto& op : epilogue) {
+    y = apply_op_ops(y, op, s);
+  }
+  return mx::astype(y, c.out_dtype, s);
+}
+
+std::optional<mx::array> to_multiplier(const std::optional<mx::array>& global_scale, mx::StreamOrDevice s) {
+  if (!global_scale) return std::nullopt;
+  return global_scale_multiplier(*global_scale, kOp, s);
+}
+
+}  // namespace
+
+mx::array w4a16_matmul_with_multiplier(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& multiplier,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    bool reference_ops,
+    mx::StreamOrDevice s) {
+  const Prepared p = prepare(x, w, scales, multiplier, epilogue, out_dtype, s);
+  return reference_ops ? reference_graph(p.c, epilogue, s) : matmul_node(p, epilogue, s);
+}
+
+mx::array w4a16_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& global_scale,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    mx::StreamOrDevice s) {
+  return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
+                                      /*reference_ops=*/false, s);
 }
 
 mx::array w4a16_matmul_reference_ops(
@@ -257,16 +294,8 @@ mx::array w4a16_matmul_reference_ops(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     mx::StreamOrDevice s) {
-  const Checked c = prepare(x, w, scales, global_scale, epilogue, out_dtype, s).c;
-  auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
-  auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
-  if (c.gs) {
-    y = mx::multiply(y, *c.gs, s);
-  }
-  for (const auto& op : epilogue) {
-    y = apply_op_ops(y, op, s);
-  }
-  return mx::astype(y, c.out_dtype, s);
+  return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
+                                      /*reference_ops=*/true, s);
 }
 
 }  // namespace mlx_fp4

@@ -119,14 +119,16 @@ def test_modelopt_checkpoint_into_mlx_lm_llama(tmp_path):
     tensors = {}
     for k, v in tree_flatten(model.parameters()):
         p, _, name = k.rpartition(".")
+        if name == "global_scale":
+            continue  # written below in ModelOpt's convention
         if name == "weight" and v.dtype == mx.uint32:
             tensors[k] = ref.packed_bytes(v)
         elif name == "scales":
             tensors[f"{p}.weight_scale"] = np.array(v).view(ml_dtypes.float8_e4m3fn)
         else:
             tensors[k] = np.array(v)
-    for k, gs in fnn.global_scales(model).items():
-        tensors[k.replace(".global_scale", ".weight_scale_2")] = np.array(gs)
+    for k, gs in fnn.global_scales(model).items():  # ModelOpt stores the multiplier, shape ()
+        tensors[k.replace(".global_scale", ".weight_scale_2")] = np.array(ref.multiplier(gs))
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)  # sanitized
     save_file(tensors, str(tmp_path / "model.safetensors"))
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(
