@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .formats import GROUP_SIZE, MODE, check_config
 from .layers import FP4Linear, linear_kind, swap_modules, to_fp4_linear
 from .layers.sharded import _FP4Sharded
+from .layers.switch import FP4SwitchLinear, switch_kind, to_fp4_switch_linear
 
 __all__ = ["quantize", "dequantize", "global_scales", "progress_bar"]
 
@@ -19,7 +20,11 @@ Predicate = Callable[[str, nn.Module], Union[bool, dict]]
 
 
 def _default_predicate(path: str, m: nn.Module) -> bool:
-    kind = linear_kind(m)
+    kind = linear_kind(m) or switch_kind(m)
+    if kind == "switch":  # mixture-of-experts weights [E, N, K]
+        return m.weight.shape[-1] % GROUP_SIZE == 0
+    if kind == "nvfp4-switch":
+        return True
     if kind == "linear":
         return m.weight.shape[-1] % GROUP_SIZE == 0
     return kind == "nvfp4"
@@ -41,6 +46,8 @@ def _convert(m: nn.Module, params: dict, path: str) -> nn.Module:
         raise ValueError(
             f"[mlx_fp4.nn.quantize] unknown options for {path}: {sorted(params)}."
         )
+    if switch_kind(m) is not None:
+        return to_fp4_switch_linear(m, global_scale, f"mlx_fp4.nn.quantize: {path}")
     return to_fp4_linear(m, global_scale, f"mlx_fp4.nn.quantize: {path}")
 
 
@@ -78,7 +85,7 @@ def quantize(
     leaves = tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
     todo = []
     for path, m in leaves:
-        if linear_kind(m) is None:
+        if linear_kind(m) is None and switch_kind(m) is None:
             continue
         sel = pred(path, m)
         if sel is False or sel is None:
@@ -110,7 +117,12 @@ def dequantize(model: nn.Module, dtype=mx.bfloat16) -> nn.Module:
     """Replace every :class:`FP4Linear` by an ``nn.Linear`` with the dequantized
     weight (global scale applied) in place; returns model. Unlike
     ``mlx_lm.utils.dequantize_model`` it honours the global scale."""
-    return swap_modules(model, lambda path, m: m.to_linear(dtype) if isinstance(m, FP4Linear) else None)
+    def undo(path, m):
+        if isinstance(m, FP4SwitchLinear):
+            return m.to_switch_linear(dtype)
+        return m.to_linear(dtype) if isinstance(m, FP4Linear) else None
+
+    return swap_modules(model, undo)
 
 
 def global_scales(model: nn.Module) -> Dict[str, mx.array]:

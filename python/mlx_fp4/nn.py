@@ -9,11 +9,12 @@ from .checkpoints.models import load_model, load_weights
 from .convert import dequantize, global_scales, quantize
 from .distributed import shard_inplace, shard_linear
 from .formats import BITS, GROUP_SIZE, MODE
-from .layers import FP4Linear, FP4SwiGLU, fuse_swiglu, swiglu
+from .layers import FP4Linear, FP4SwiGLU, FP4SwitchLinear, fuse_swiglu, swiglu
 
 __all__ = [
     "FP4Linear",
     "FP4SwiGLU",
+    "FP4SwitchLinear",
     "swiglu",
     "quantize",
     "dequantize",

@@ -10,6 +10,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from ..layers import FP4Linear, linear_kind
+from .experts import stack_experts, swap_switch_layers
 from .io import NVFP4Weights, load_nvfp4
 
 __all__ = ["load_model", "load_weights"]
@@ -42,7 +43,7 @@ def load_weights(
         weights = dict(weights)
     if not isinstance(weights, dict) or not _is_loaded_layout(weights):
         weights = load_nvfp4(weights)
-    weights = dict(weights)
+    weights = stack_experts(model, dict(weights))  # per-expert tensors -> switch_mlp layout
     if sanitize and hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
 
@@ -68,6 +69,7 @@ def load_weights(
         swaps.append((path, new))
     if swaps:
         model.update_modules(tree_unflatten(swaps))
+    swap_switch_layers(model, weights)
 
     # 3. global scales, then parameters
     modules = dict(model.named_modules())
