@@ -32,6 +32,10 @@ const HotLoops& pick_hot_loops() {
   }
   if (__builtin_cpu_supports("avx512f")) return hot_loops_avx512();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return hot_loops_avx2();
+#elif defined(__aarch64__)
+  // Advanced SIMD is part of every AArch64 CPU; the generic build stays selectable for testing.
+  const char* env = std::getenv("MLX_FP4_CPU_ISA");
+  if (env == nullptr || std::strcmp(env, "generic") != 0) return hot_loops_neon();
 #endif
   return hot_loops_generic();
 }
