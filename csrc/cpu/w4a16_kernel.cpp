@@ -258,6 +258,11 @@ void run_gemm(const fp4::W4A16Problem& p, const Buffers& b) {
 
 const char* hot_loops_name() { return hot().name; }
 
+CpuTiles cpu_tiles() {
+  const HotLoops& h = hot();
+  return {h.vector_floats, h.micro_rows2, h.micro_rows1, kGemmDepth, kGemmPanelRows, kGemvPassRows, kGemvTaskRows};
+}
+
 void run_w4a16(const fp4::W4A16Problem& p, const Buffers& b) {
   if (p.m == 0 || p.n == 0) {
     return;
