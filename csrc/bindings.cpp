@@ -297,6 +297,16 @@ float16 and float32 without a global scale. E4M3 codes 0x7F and 0xFF are NaN.)")
     nb::dict d;
     d["threads"] = mlx_fp4::cpu::num_threads();
     d["hot_loops"] = mlx_fp4::cpu::hot_loops_name();
+    const mlx_fp4::cpu::CpuTiles t = mlx_fp4::cpu::cpu_tiles();
+    nb::dict tiles;
+    tiles["vector_floats"] = t.vector_floats;
+    tiles["micro_tile"] = std::to_string(t.micro_rows2) + "x" + std::to_string(2 * t.vector_floats) + ", " +
+                          std::to_string(t.micro_rows1) + "x" + std::to_string(t.vector_floats);
+    tiles["gemm_depth"] = t.gemm_depth;
+    tiles["gemm_panel_rows"] = t.gemm_panel_rows;
+    tiles["gemv_pass_rows"] = t.gemv_pass_rows;
+    tiles["gemv_task_rows"] = t.gemv_task_rows;
+    d["tiles"] = tiles;
     return d;
   });
 }

@@ -92,7 +92,8 @@ def main(argv=None) -> int:
 
     print(f"mlx_fp4 bench: {device} ({info['device_name']}), mlx {info['versions']['mlx']}, "
           f"commit {(info['git']['commit'] or 'unknown')[:12]}; threads: {threads} CPUs, "
-          f"mlx_fp4 {info['threads']['mlx_fp4']}, numpy BLAS {info['threads']['numpy_blas']['threads']}"
+          f"mlx_fp4 {info['threads']['mlx_fp4']}, numpy BLAS {info['threads']['numpy_blas']['threads']} "
+          f"({info['numpy_blas']['name']} {info['numpy_blas']['core'] or ''})"
           + (f"; mlx_fp4 CPU loops {info['mlx_fp4_cpu']['hot_loops']}" if (info["mlx_fp4_cpu"] or {}).get("hot_loops") else ""))
     print(f"timing: {cfg.describe()}")
     llc_note = f" (CPU last-level cache {llc / 2**20:.0f} MiB)" if device == "cpu" and llc else ""
