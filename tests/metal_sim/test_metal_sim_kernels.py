@@ -71,7 +71,7 @@ def test_gemv_shapes(sim_runner, tmp_path, m, n, k, guard):
 
 
 # Every GEMV tile height MT on one problem (M rows split over ceil(M / MT) threadgroup rows).
-@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8"])
+@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16"])
 @pytest.mark.parametrize("guard", ["end", "aligned"])
 def test_gemv_tile_heights(sim_runner, tmp_path, force, guard):
     plan = check(sim_runner, tmp_path, 7, 45, 160, force=force, guard=guard, epilogue="bias_silu")
