@@ -10,6 +10,7 @@
 #include "cpu/thread_pool.h"
 #include "epilogue_spec.h"
 #include "errors.h"
+#include "gather_ops.h"
 #include "mlx/version.h"
 #include "mlx_fp4.h"
 
@@ -160,6 +161,61 @@ Returns:
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
       "out_dtype"_a = nb::none(), "stream"_a = nb::none(),
       "The same math as w4a16_matmul with plain MLX ops (dequantize, fp32 matmul, epilogue).");
+
+  m.def(
+      "gather_w4a16_matmul",
+      [](const mx::array& x, const mx::array& w, const mx::array& scales, const std::optional<mx::array>& lhs_indices,
+         const std::optional<mx::array>& rhs_indices, const GlobalScale& global_scale,
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, bool sorted_indices,
+         mx::StreamOrDevice s) {
+        return mlx_fp4::gather_w4a16_matmul(x, w, scales, lhs_indices, rhs_indices, to_array(global_scale),
+                                            parse_epilogue(epilogue), out_dtype, sorted_indices, s);
+      },
+      "x"_a, "w"_a, "scales"_a, nb::kw_only(), "lhs_indices"_a = nb::none(), "rhs_indices"_a = nb::none(),
+      "global_scale"_a = nb::none(), "epilogue"_a = nb::none(), "out_dtype"_a = nb::none(),
+      "sorted_indices"_a = false, "stream"_a = nb::none(),
+      nb::sig("def gather_w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, "
+              "lhs_indices: mlx.core.array | None = None, rhs_indices: mlx.core.array | None = None, "
+              "global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, "
+              "out_dtype: mlx.core.Dtype | None = None, sorted_indices: bool = False, "
+              "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
+      R"(Gathered W4A16 matmul for mixture-of-experts layers, with the semantics of
+``mx.gather_qmm(x, w, scales, lhs_indices=, rhs_indices=, transpose=True, mode="nvfp4",
+global_scale=, sorted_indices=)``:
+``out[b] = epilogue(global_scale[e] / 2688 * (x[lhs[b]] @ dequantize(w[e], scales[e]).T))``, ``e = rhs[b]``.
+
+Args:
+    x: activations ``[..., M, K]``, float16, bfloat16 or float32.
+    w: stacked experts, uint8 ``[..., N, ceil(K/2)]`` or MLX's uint32 ``[..., N, ceil(K/8)]``.
+    scales: uint8 ``[..., N, ceil(K/16)]`` (E4M3 bits), the batch dims of ``w``.
+    lhs_indices, rhs_indices: integer arrays that broadcast together to ``B``; flat indices into
+       the batch dims of ``x`` and of ``w`` (default: every matrix in order). Out-of-range
+       indices raise a ValueError (checked before the call when the indices are computed,
+       otherwise when the kernel runs, before it reads any weight).
+    global_scale: MLX's nvfp4 tensor scale (the amax; the multiplier is ``global_scale / 2688``),
+       a float32 scalar or one value per expert (shape ``w.shape[:-2]``).
+    epilogue: the chain of ``w4a16_matmul``; operands broadcast to the output.
+    out_dtype: float16, bfloat16 or float32; default ``x.dtype``.
+    sorted_indices: a hint that ``rhs_indices`` is sorted (as in ``mx.gather_qmm``).
+    stream: stream or device.
+
+Returns:
+    ``B + [M, N]`` in ``out_dtype``. Differentiable with respect to ``x`` and the epilogue
+    operands; vmap and compile work.)");
+
+  m.def(
+      "gather_w4a16_matmul_reference_ops",
+      [](const mx::array& x, const mx::array& w, const mx::array& scales, const std::optional<mx::array>& lhs_indices,
+         const std::optional<mx::array>& rhs_indices, const GlobalScale& global_scale,
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, mx::StreamOrDevice s) {
+        return mlx_fp4::gather_w4a16_matmul_reference_ops(x, w, scales, lhs_indices, rhs_indices,
+                                                          to_array(global_scale), parse_epilogue(epilogue),
+                                                          out_dtype, s);
+      },
+      "x"_a, "w"_a, "scales"_a, nb::kw_only(), "lhs_indices"_a = nb::none(), "rhs_indices"_a = nb::none(),
+      "global_scale"_a = nb::none(), "epilogue"_a = nb::none(), "out_dtype"_a = nb::none(),
+      "stream"_a = nb::none(),
+      "The same math as gather_w4a16_matmul with plain MLX ops (decode, fp32 gather_mm, epilogue).");
 
   m.def(
       "quantize",

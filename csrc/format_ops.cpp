@@ -1,5 +1,6 @@
 // quantize / dequantize: lazy MLX graph ops for the NVFP4 format. They run on every backend
 // because they are built from MLX ops; the code tables come from csrc/shared/fp4_format.h.
+#include <algorithm>
 #include <cmath>
 
 #include "errors.h"
@@ -68,9 +69,42 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+// Stacked weights [..., N, K] (mixture-of-experts): each matrix quantized on its own, so a
+// global scale is one per matrix (shape w.shape[:-2]), as mlx-lm's per-expert nvfp4 scales.
+static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_global_scale, mx::StreamOrDevice s) {
+  const mx::Shape lead(w.shape().begin(), w.shape().end() - 2);
+  const int n = w.shape(-2);
+  const int k = w.shape(-1);
+  // [matrices, ...] -> lead + [...]
+  auto restack = [&](const mx::array& a) {
+    mx::Shape shape = lead;
+    shape.insert(shape.end(), a.shape().begin() + 1, a.shape().end());
+    return mx::reshape(a, shape, s);
+  };
+  int matrices = 1;
+  for (int d : lead) matrices *= d;
+  if (!with_global_scale) {
+    auto out = quantize(mx::reshape(w, {matrices * n, k}, s), false, s);
+    for (auto& a : out) a = restack(mx::reshape(a, {matrices, n, a.shape(-1)}, s));
+    return out;
+  }
+  auto flat = mx::reshape(w, {matrices, n, k}, s);
+  std::vector<std::vector<mx::array>> parts(3);
+  for (int e = 0; e < matrices; ++e) {
+    auto q = quantize(mx::take(flat, e, 0, s), true, s);
+    for (int i = 0; i < 3; ++i) parts[i].push_back(q[i]);
+  }
+  std::vector<mx::array> out;
+  for (auto& part : parts) out.push_back(restack(mx::stack(part, 0, s)));
+  return out;
+}
+
 std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, mx::StreamOrDevice s) {
+  if (w_in.ndim() > 2) {
+    return quantize_stacked(w_in, with_global_scale, s);
+  }
   if (w_in.ndim() != 2) {
-    throw_invalid("[quantize] w must be 2-D [N, K] but got shape ", shape_str(w_in.shape()), ".");
+    throw_invalid("[quantize] w must be 2-D [N, K] or stacked [..., N, K] but got shape ", shape_str(w_in.shape()), ".");
   }
   if (!mx::issubdtype(w_in.dtype(), mx::floating)) {
     throw_invalid("[quantize] w must be a floating dtype (float16, bfloat16, float32) but got ",
@@ -165,6 +199,48 @@ mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, mx
   return mx::multiply(values, mx::take(scale_values, block_of_column, 1, s), s);
 }
 
+// Stacked [..., N, bytes] weights: a scalar global scale applies to all, one per matrix to each.
+static mx::array dequantize_stacked(
+    const mx::array& packed,
+    const mx::array& scales,
+    std::optional<int> k,
+    const std::optional<mx::array>& global_scale,
+    mx::Dtype dtype,
+    mx::StreamOrDevice s) {
+  const mx::Shape lead(packed.shape().begin(), packed.shape().end() - 2);
+  if (scales.ndim() != packed.ndim() || !std::equal(lead.begin(), lead.end(), scales.shape().begin())) {
+    throw_invalid("[dequantize] scales must have the batch dims of packed ", shape_str(lead), " but got shape ",
+                  shape_str(scales.shape()), ".");
+  }
+  int matrices = 1;
+  for (int d : lead) matrices *= d;
+  const int n = packed.shape(-2);
+  auto flat_p = mx::reshape(packed, {matrices * n, packed.shape(-1)}, s);
+  auto flat_s = mx::reshape(scales, {matrices * n, scales.shape(-1)}, s);
+  // [matrices * n, k] -> lead + [n, k]
+  auto restack = [&](const mx::array& a) {
+    mx::Shape shape = lead;
+    shape.push_back(n);
+    shape.push_back(a.shape(-1));
+    return mx::reshape(a, shape, s);
+  };
+  if (!global_scale || global_scale->size() == 1) {
+    return restack(dequantize(flat_p, flat_s, k, global_scale, dtype, s));
+  }
+  if (global_scale->shape() != lead) {
+    throw_invalid("[dequantize] global_scale must be a scalar or have shape packed.shape[:-2] = ", shape_str(lead),
+                  " but got ", shape_str(global_scale->shape()), ".");
+  }
+  auto gs = mx::reshape(*global_scale, {matrices}, s);
+  auto p3 = mx::reshape(packed, {matrices, n, packed.shape(-1)}, s);
+  auto s3 = mx::reshape(scales, {matrices, n, scales.shape(-1)}, s);
+  std::vector<mx::array> parts;
+  for (int e = 0; e < matrices; ++e) {
+    parts.push_back(dequantize(mx::take(p3, e, 0, s), mx::take(s3, e, 0, s), k, mx::take(gs, e, 0, s), dtype, s));
+  }
+  return restack(mx::reshape(mx::stack(parts, 0, s), {matrices * n, -1}, s));
+}
+
 mx::array dequantize(
     const mx::array& packed,
     const mx::array& scales,
@@ -172,6 +248,9 @@ mx::array dequantize(
     const std::optional<mx::array>& global_scale,
     mx::Dtype dtype,
     mx::StreamOrDevice s) {
+  if (packed.ndim() > 2) {
+    return dequantize_stacked(packed, scales, k_opt, global_scale, dtype, s);
+  }
   check_packed(packed, "dequantize", "packed");
   const int n = packed.shape(0);
   const int nbytes = packed.shape(1) * static_cast<int>(packed.itemsize());

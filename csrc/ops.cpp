@@ -6,6 +6,7 @@
 #include "format_tables.h"
 #include "mlx/ops.h"
 #include "mlx_fp4.h"
+#include "op_common.h"
 #include "primitives.h"
 
 namespace mlx_fp4 {
@@ -13,7 +14,11 @@ namespace {
 
 constexpr const char* kOp = "w4a16_matmul";
 
+}  // namespace
+
 bool is_supported_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d == mx::bfloat16; }
+
+namespace {
 
 // Shape facts every path needs, checked once.
 struct Checked {
@@ -88,9 +93,17 @@ Checked check(
   return Checked{x, w, scales, gs, od, out_shape, n, k};
 }
 
+// A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
+// weights, scales) is passed as is, since every graph node costs host time at each call.
+mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+}  // namespace
+
 // Classify and canonicalize one operand against the output shape (see OperandKind).
 std::pair<int, mx::array> canonical_operand(
-    const mx::array& t, const mx::Shape& out_shape, int index, mx::StreamOrDevice s) {
+    const mx::array& t, const mx::Shape& out_shape, int index, mx::StreamOrDevice s, const char* kOp) {
   const int on = static_cast<int>(out_shape.size());
   if (static_cast<int>(t.ndim()) > on) {
     throw_invalid("[", kOp, "] epilogue[", index, "] operand must broadcast to the output shape ",
@@ -115,10 +128,10 @@ std::pair<int, mx::array> canonical_operand(
   mx::Shape row_shape = out_shape;
   row_shape.back() = 1;
   if (!varies_col && !varies_row) {
-    return {fp4::kOperandScalar, mx::contiguous(mx::reshape(v, {}, s), false, s)};
+    return {fp4::kOperandScalar, contiguous_input(mx::reshape(v, {}, s), s)};
   }
   if (varies_col && !varies_row) {
-    return {fp4::kOperandCol, mx::contiguous(mx::reshape(v, {n}, s), false, s)};
+    return {fp4::kOperandCol, contiguous_input(mx::reshape(v, {n}, s), s)};
   }
   // Operands that already have the full leading shape need no broadcast node (which would
   // pin the traced shape under shapeless compile); only a reshape that adds leading 1s.
@@ -128,12 +141,12 @@ std::pair<int, mx::array> canonical_operand(
     full_leading = t.shape(i) == target[i];
   }
   auto expanded = full_leading ? v : mx::broadcast_to(v, target, s);
-  return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, mx::contiguous(expanded, false, s)};
+  return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, contiguous_input(expanded, s)};
 }
 
-bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
+static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
 
-void check_epilogue(const std::vector<EpilogueSpec>& epilogue) {
+void check_epilogue(const std::vector<EpilogueSpec>& epilogue, const char* kOp) {
   if (epilogue.size() > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
     throw_invalid("[", kOp, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ",
                   epilogue.size(), ".");
@@ -185,6 +198,8 @@ mx::array apply_op_ops(const mx::array& v, const EpilogueSpec& op, mx::StreamOrD
   }
 }
 
+namespace {
+
 // Every check of both entry points, once: arguments, the chain, and each operand against the
 // output shape (canonical operand per op, nullopt for ops without a tensor operand).
 struct Prepared {
@@ -201,10 +216,10 @@ Prepared prepare(
     std::optional<mx::Dtype> out_dtype,
     mx::StreamOrDevice s) {
   Prepared p{check(x, w, scales, global_scale, out_dtype, s), {}};
-  check_epilogue(epilogue);
+  check_epilogue(epilogue, kOp);
   for (size_t i = 0; i < epilogue.size(); ++i) {
     if (epilogue[i].operand) {
-      p.operands.emplace_back(canonical_operand(*epilogue[i].operand, p.c.out_shape, static_cast<int>(i), s));
+      p.operands.emplace_back(canonical_operand(*epilogue[i].operand, p.c.out_shape, static_cast<int>(i), s, kOp));
     } else {
       p.operands.emplace_back(std::nullopt);
     }
@@ -226,7 +241,7 @@ mx::array w4a16_matmul(
   auto stream = mx::to_stream(s);
 
   std::vector<mx::array> inputs = {
-      mx::contiguous(c.x, false, s), mx::contiguous(c.w_bytes, false, s), mx::contiguous(c.scales, false, s)};
+      contiguous_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
   if (c.gs) {
     inputs.push_back(*c.gs);
   }

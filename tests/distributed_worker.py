@@ -220,13 +220,13 @@ def check_sharded_to_all_layer(group):
 def check_kernel_is_ours(group):
     """Sharded layers (and a sharded mlx-lm model) call mlx_fp4.w4a16_matmul, never
     mx.quantized_matmul; MLX's own shard_linear would have (the trap this module avoids)."""
-    import mlx_fp4
     from mlx_fp4 import distributed as D
     from mlx_fp4 import nn as fnn
+    from mlx_fp4 import ops
     import mlx.nn.layers.distributed as mlx_dist
 
     calls = {"ours": 0, "mlx": 0}
-    orig_ours, orig_mlx = mlx_fp4.w4a16_matmul, mx.quantized_matmul
+    orig_ours, orig_mlx = ops.w4a16_matmul, mx.quantized_matmul
 
     def ours(*a, **kw):
         calls["ours"] += 1
@@ -236,7 +236,7 @@ def check_kernel_is_ours(group):
         calls["mlx"] += 1
         return orig_mlx(*a, **kw)
 
-    mlx_fp4.w4a16_matmul, mx.quantized_matmul = ours, mlx_qmm
+    ops.w4a16_matmul, mx.quantized_matmul = ours, mlx_qmm  # layers call ops.w4a16_matmul
     try:
         layer = _fp4_linear(64, 32)
         x = _x(3, 64, mx.float32)
@@ -250,7 +250,7 @@ def check_kernel_is_ours(group):
         layer_calls = calls["ours"]
         trap = mlx_dist.shard_linear(layer, "all-to-sharded", group=group)
     finally:
-        mlx_fp4.w4a16_matmul, mx.quantized_matmul = orig_ours, orig_mlx
+        ops.w4a16_matmul, mx.quantized_matmul = orig_ours, orig_mlx
     # 2 layers + per model layer 7 projections + lm_head
     assert calls["mlx"] == 0, f"mx.quantized_matmul called {calls['mlx']} times"
     assert layer_calls >= 2 + 2 * 7 + 1, f"w4a16_matmul called only {layer_calls} times"

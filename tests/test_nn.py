@@ -395,7 +395,7 @@ def test_linear_to_lora_layers_uses_fp4_lora():
     assert isinstance(m.layers[1].q_proj.linear, FP4Linear)
 
 
-def test_fuse_swiglu_requires_the_exact_forward():
+def test_fuse_swiglu_is_opt_in_by_type():
     class PreNormMLP(nn.Module):
         def __init__(self):
             super().__init__()
@@ -409,7 +409,6 @@ def test_fuse_swiglu_requires_the_exact_forward():
 
     class SiluMLP(PreNormMLP):
         def __call__(self, x):
-            """docstrings are fine"""
             return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
     class M(nn.Module):
@@ -421,9 +420,34 @@ def test_fuse_swiglu_requires_the_exact_forward():
     m = M()
     x = mx.ones((1, 32))
     before = m.b(x)
-    fnn.fuse_swiglu(m)
+    fnn.fuse_swiglu(m)  # neither class is a known mlx-lm MLP: nothing is guessed
+    assert type(m.a) is PreNormMLP and type(m.b) is SiluMLP
+    fnn.fuse_swiglu(m, [SiluMLP])
     assert type(m.a) is PreNormMLP and isinstance(m.b, fnn.FP4SwiGLU)
     np.testing.assert_allclose(np.array(m.b(x)), np.array(before), rtol=1e-5, atol=1e-5)
+    m = M()
+    fnn.fuse_swiglu(m, class_predicate=lambda path, mod: path == "a")
+    assert isinstance(m.a, fnn.FP4SwiGLU) and type(m.b) is SiluMLP
+
+
+def test_swiglu_mlp_list_matches_installed_mlx_lm():
+    """Every class named in SWIGLU_MLPS has the single-statement SwiGLU forward."""
+    import ast
+    import importlib
+    import inspect
+    import textwrap
+
+    from mlx_fp4.layers.swiglu import SWIGLU_MLPS
+
+    want = "self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))"
+    for name in sorted(SWIGLU_MLPS):
+        module, _, cls = name.rpartition(".")
+        call = getattr(importlib.import_module(module), cls).__call__
+        fn = ast.parse(textwrap.dedent(inspect.getsource(call))).body[0]
+        body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+        assert [a.arg for a in fn.args.args] == ["self", "x"], name
+        assert len(body) == 1 and isinstance(body[0], ast.Return), name
+        assert ast.unparse(body[0].value) == want, name
 
 
 def test_quantize_rejects_activation_quantization():

@@ -253,6 +253,7 @@ void run_gemm(const fp4::W4A16Problem& p, const Buffers& b) {
 }  // namespace
 
 const char* hot_loops_name() { return hot().name; }
+const HotLoops& hot_loops() { return hot(); }
 
 void run_w4a16(const fp4::W4A16Problem& p, const Buffers& b) {
   if (p.m == 0 || p.n == 0) {

@@ -33,6 +33,38 @@ def w4a16_matmul_reference_ops(x: mlx.core.array, w: mlx.core.array, scales: mlx
     The same math as w4a16_matmul with plain MLX ops (dequantize, fp32 matmul, epilogue).
     """
 
+def gather_w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, lhs_indices: mlx.core.array | None = None, rhs_indices: mlx.core.array | None = None, global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, out_dtype: mlx.core.Dtype | None = None, sorted_indices: bool = False, stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array:
+    """
+    Gathered W4A16 matmul for mixture-of-experts layers, with the semantics of
+    ``mx.gather_qmm(x, w, scales, lhs_indices=, rhs_indices=, transpose=True, mode="nvfp4",
+    global_scale=, sorted_indices=)``:
+    ``out[b] = epilogue(global_scale[e] / 2688 * (x[lhs[b]] @ dequantize(w[e], scales[e]).T))``, ``e = rhs[b]``.
+
+    Args:
+        x: activations ``[..., M, K]``, float16, bfloat16 or float32.
+        w: stacked experts, uint8 ``[..., N, ceil(K/2)]`` or MLX's uint32 ``[..., N, ceil(K/8)]``.
+        scales: uint8 ``[..., N, ceil(K/16)]`` (E4M3 bits), the batch dims of ``w``.
+        lhs_indices, rhs_indices: integer arrays that broadcast together to ``B``; flat indices into
+           the batch dims of ``x`` and of ``w`` (default: every matrix in order). Out-of-range
+           indices raise a ValueError (checked before the call when the indices are computed,
+           otherwise when the kernel runs, before it reads any weight).
+        global_scale: MLX's nvfp4 tensor scale (the amax; the multiplier is ``global_scale / 2688``),
+           a float32 scalar or one value per expert (shape ``w.shape[:-2]``).
+        epilogue: the chain of ``w4a16_matmul``; operands broadcast to the output.
+        out_dtype: float16, bfloat16 or float32; default ``x.dtype``.
+        sorted_indices: a hint that ``rhs_indices`` is sorted (as in ``mx.gather_qmm``).
+        stream: stream or device.
+
+    Returns:
+        ``B + [M, N]`` in ``out_dtype``. Differentiable with respect to ``x`` and the epilogue
+        operands; vmap and compile work.
+    """
+
+def gather_w4a16_matmul_reference_ops(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, lhs_indices: mlx.core.array | None = None, rhs_indices: mlx.core.array | None = None, global_scale: mlx.core.array | float | None = None, epilogue: object | None = None, out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """
+    The same math as gather_w4a16_matmul with plain MLX ops (decode, fp32 gather_mm, epilogue).
+    """
+
 def quantize(w: mlx.core.array, *, global_scale: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
     """
     Quantize ``w [N, K]`` to NVFP4.
