@@ -1,6 +1,7 @@
 """CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR].
 
-python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py)."""
+python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
+python -m mlx_fp4.bench metal-report [...]: correctness + speed report for Apple GPUs (bench/metal_report.py)."""
 
 import argparse
 import math
@@ -51,6 +52,10 @@ def main(argv=None) -> int:
         from . import decode
 
         return decode.main(argv_list[1:])
+    if argv_list[:1] == ["metal-report"]:
+        from . import metal_report
+
+        return metal_report.main(argv_list[1:])
     args = parse_args(argv)
     device = args.device or ("gpu" if _gpu_available() else "cpu")
     if device == "gpu" and not _gpu_available():
