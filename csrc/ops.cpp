@@ -17,6 +17,10 @@
 #include "ops_internal.h"
 #include "primitives.h"
 
+namespace mlx::core::cu {
+bool is_available();  // mlx/backend/cuda/cuda.h (exported by every libmlx build)
+}  // namespace mlx::core::cu
+
 namespace mlx_fp4 {
 namespace {
 
@@ -150,6 +154,14 @@ std::pair<int, mx::array> canonical_operand(
   }
   auto expanded = full_leading ? v : mx::broadcast_to(v, target, s);
   return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, contiguous_input(expanded, s)};
+}
+
+// x for the primitive: the CUDA backend copies a strided x to rows itself (strided_copy.cuh), the
+// others get a Contiguous node unless x is known to be row-contiguous already.
+static mx::array x_input(const mx::array& x, mx::StreamOrDevice s) {
+  const bool cuda_gpu = mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available();
+  if (cuda_gpu && static_cast<int>(x.ndim()) <= fp4::kMaxStridedXDims) return x;
+  return contiguous_input(x, s);
 }
 
 static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
@@ -320,7 +332,7 @@ mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epi
 mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
   const Checked& c = p.c;
   std::vector<mx::array> inputs = {
-      contiguous_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
+      x_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
   if (c.gs) {
     inputs.push_back(*c.gs);
   }
