@@ -93,6 +93,12 @@ Checked check(
   return Checked{x, w, scales, gs, od, out_shape, n, k};
 }
 
+// A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
+// weights, scales) is passed as is, since every graph node costs host time at each call.
+mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
 }  // namespace
 
 // Classify and canonicalize one operand against the output shape (see OperandKind).
@@ -122,10 +128,10 @@ std::pair<int, mx::array> canonical_operand(
   mx::Shape row_shape = out_shape;
   row_shape.back() = 1;
   if (!varies_col && !varies_row) {
-    return {fp4::kOperandScalar, mx::contiguous(mx::reshape(v, {}, s), false, s)};
+    return {fp4::kOperandScalar, contiguous_input(mx::reshape(v, {}, s), s)};
   }
   if (varies_col && !varies_row) {
-    return {fp4::kOperandCol, mx::contiguous(mx::reshape(v, {n}, s), false, s)};
+    return {fp4::kOperandCol, contiguous_input(mx::reshape(v, {n}, s), s)};
   }
   // Operands that already have the full leading shape need no broadcast node (which would
   // pin the traced shape under shapeless compile); only a reshape that adds leading 1s.
@@ -135,7 +141,7 @@ std::pair<int, mx::array> canonical_operand(
     full_leading = t.shape(i) == target[i];
   }
   auto expanded = full_leading ? v : mx::broadcast_to(v, target, s);
-  return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, mx::contiguous(expanded, false, s)};
+  return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, contiguous_input(expanded, s)};
 }
 
 static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
@@ -235,7 +241,7 @@ mx::array w4a16_matmul(
   auto stream = mx::to_stream(s);
 
   std::vector<mx::array> inputs = {
-      mx::contiguous(c.x, false, s), mx::contiguous(c.w_bytes, false, s), mx::contiguous(c.scales, false, s)};
+      contiguous_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
   if (c.gs) {
     inputs.push_back(*c.gs);
   }

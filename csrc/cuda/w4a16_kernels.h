@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "../shared/w4a16_problem.h"
 #include "w4a16_plan.h"
@@ -65,10 +66,9 @@ bool cublas_gemm(void* handle, cudaStream_t stream, int64_t m, int64_t n, int64_
                  const void* wd, int ab_dtype, void* c, int c_dtype, const float* alpha_device,
                  void* workspace, size_t workspace_bytes, char* err);
 // One cuBLASLt handle per device, created on first use; calls that set up a stream capture around
-// cublas_gemm hold cublas_lock() so that captures of two threads do not interleave.
+// cublas_gemm hold cublas_guard() so that captures of two threads do not interleave.
 void* cublas_handle(int device, char* err);
-void cublas_lock();
-void cublas_unlock();
+std::unique_lock<std::mutex> cublas_guard();
 // Device pointers to constants 0.0f and 1.0f (for cuBLAS device pointer mode).
 const float* device_constant_zero();
 const float* device_constant_one();

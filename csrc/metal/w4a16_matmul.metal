@@ -1,64 +1,17 @@
 // W4A16 NVFP4 matmul kernels for Apple GPUs: out = epilogue(gs * (x @ dequant(w, scales)^T)).
 // x [M, K] (float, half or bfloat, rows contiguous); w [N, w_row_bytes] packed E2M1, low nibble
 // = even k; scales [N, scale_row_bytes] E4M3 bytes, one per 16 columns; out [M, N].
-// Kernels: w4a16_gemm (fused cooperative decode + simdgroup MMA, BN = 64, (BM, BK) = (128, 64)
-// or (64, 32), optional staged scales) and w4a16_gemv (M <= 4, registers only). The host picks
+// Kernel: w4a16_gemm (fused cooperative decode + simdgroup MMA, BN = 64, (BM, BK) = (128, 64)
+// or (64, 32), optional staged scales); the vector path is w4a16_gemv.metal. The host picks
 // one in w4a16_dispatch.h; kernels are instantiated at JIT time by lines that
 // fp4::metal_instantiation() writes. Tile constants: csrc/shared/tiling_metal.h.
 // The file must stay ASCII (MLX hands the source to Metal as an ASCII string).
 #include <metal_stdlib>
 
-#include "w4a16_kernel_abi.h"
-#include "../shared/fp4_format.h"
-#include "../shared/w4a16_problem.h"
+#include "w4a16_device.h"
 
 using namespace metal;
 using namespace fp4;
-
-// ---------------------------------------------------------------------------------------------
-// Epilogue and output
-
-// Reads element `off` of an epilogue operand of dtype `dtype` (OperandDtype) as fp32.
-inline float load_operand(device const uchar* base, int dtype, long off) {
-  if (dtype == kDtypeF32) {
-    return ((device const float*)base)[off];
-  }
-  if (dtype == kDtypeF16) {
-    return float(((device const half*)base)[off]);
-  }
-  return float(((device const bfloat*)base)[off]);
-}
-
-// The fp32 value stored at out[row, col]: global scale, then the epilogue chain in order.
-inline float finish_value(
-    float v,
-    int row,
-    int col,
-    constant W4A16MetalParams& p,
-    device const float* gscale,
-    device const uchar* op0,
-    device const uchar* op1,
-    device const uchar* op2,
-    device const uchar* op3) {
-  if ((p.flags & kMetalFlagGlobalScale) != 0) {
-    v *= gscale[0];
-  }
-  for (int i = 0; i < p.num_ops; ++i) {
-    const int code = p.ops[i].code;
-    const int which = p.ops[i].operand;
-    const float p0 = p.ops[i].p0;
-    const float p1 = p.ops[i].p1;
-    // Ops without a tensor operand take their constant from p0 (add/mul by a Python float).
-    float operand = p0;
-    if (which >= 0) {
-      device const uchar* base = which == 0 ? op0 : which == 1 ? op1 : which == 2 ? op2 : op3;
-      const long off = operand_offset(p.operand_kind[which], row, col, p.n);
-      operand = load_operand(base, p.operand_dtype[which], off);
-    }
-    v = epilogue_apply(code, v, operand, p0, p1);
-  }
-  return v;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Fused GEMM
@@ -353,92 +306,6 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
         }
       } else {
         out[idx] = OutT(v0);
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// GEMV (M <= kMetalGemvMaxM)
-
-// One simdgroup per output column n, no threadgroup memory and no barriers. Lane l owns the
-// 16-column blocks l, l + 32, ...: one 8-byte weight load and one scale per block, decoded in
-// registers, dotted with up to kMetalGemvMaxM rows of x; simd_sum reduces the lanes.
-template <typename XT, typename OutT>
-[[kernel]] void w4a16_gemv(
-    device const XT* x [[buffer(kMetalBufX)]],
-    device const uchar* w [[buffer(kMetalBufW)]],
-    device const uchar* scales [[buffer(kMetalBufScales)]],
-    device OutT* out [[buffer(kMetalBufOut)]],
-    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
-    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
-    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
-    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
-    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
-    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
-    uint tg_index [[threadgroup_position_in_grid]],
-    uint sgid [[simdgroup_index_in_threadgroup]],
-    uint lane [[thread_index_in_simdgroup]]) {
-  const int n = int(tg_index) * kMetalGemvSimdgroups + int(sgid);
-  if (n >= p.n) {
-    return;  // the whole simdgroup leaves; this kernel has no threadgroup barrier
-  }
-  const bool w_vec = (p.flags & kMetalFlagWVec8) != 0;
-  const bool x_vec = (p.flags & kMetalFlagXVec4) != 0;
-  const int num_blocks = (p.k + kBlockSize - 1) / kBlockSize;
-  device const uchar* wrow = w + long(n) * p.w_row_bytes;
-  device const uchar* srow = scales + long(n) * p.scale_row_bytes;
-
-  float acc[kMetalGemvMaxM];
-  for (int r = 0; r < kMetalGemvMaxM; ++r) {
-    acc[r] = 0.0f;
-  }
-  for (int b = int(lane); b < num_blocks; b += kMetalSimdWidth) {
-    const int kb = b * kBlockSize;
-    const bool full = kb + kBlockSize <= p.k;
-    const float s = e4m3_to_float(srow[b]);
-    float wv[kBlockSize];
-    if (full && w_vec) {
-      const uint2 q = *((device const uint2*)(wrow + kb / 2));
-      for (int i = 0; i < kBlockSize; ++i) {
-        const uint word = i < 8 ? q.x : q.y;
-        wv[i] = e2m1_to_float(word >> (4u * uint(i % 8))) * s;
-      }
-    } else {
-      for (int i = 0; i < kBlockSize; ++i) {
-        const int k = kb + i;
-        wv[i] = k < p.k ? e2m1_to_float(uint(wrow[k / 2]) >> (uint(k % 2) * 4u)) * s : 0.0f;
-      }
-    }
-    for (int r = 0; r < kMetalGemvMaxM; ++r) {
-      if (r < p.m) {
-        device const XT* xr = x + long(r) * p.k + kb;
-        float d = 0.0f;
-        if (full && x_vec) {
-          for (int q4 = 0; q4 < kBlockSize / 4; ++q4) {
-            const vec<XT, 4> t = *((device const vec<XT, 4>*)(xr + 4 * q4));
-            d += float(t.x) * wv[4 * q4] + float(t.y) * wv[4 * q4 + 1] +
-                float(t.z) * wv[4 * q4 + 2] + float(t.w) * wv[4 * q4 + 3];
-          }
-        } else {
-          for (int i = 0; i < kBlockSize; ++i) {
-            if (kb + i < p.k) {
-              d += float(xr[i]) * wv[i];
-            }
-          }
-        }
-        acc[r] += d;
-      }
-    }
-  }
-  for (int r = 0; r < kMetalGemvMaxM; ++r) {
-    acc[r] = simd_sum(acc[r]);
-  }
-  if (lane == 0) {
-    for (int r = 0; r < kMetalGemvMaxM; ++r) {
-      if (r < p.m) {
-        const float v = finish_value(acc[r], r, n, p, gscale, op0, op1, op2, op3);
-        out[long(r) * p.n + n] = OutT(v);
       }
     }
   }

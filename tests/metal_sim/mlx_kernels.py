@@ -47,10 +47,11 @@ def wheel_dir():
 
 
 def fetch_headers():
-    """Directory holding mlx/include of the wheel, downloading it once."""
+    """Directory holding the wheel's mlx/include (kernel and host headers), downloading the
+    wheel once."""
     d = wheel_dir()
     inc = d / "include"
-    if (inc / KERNELS / "fp_quantized.h").exists():
+    if (inc / "mlx" / "backend" / "metal" / "device.h").exists():
         return inc
     d.mkdir(parents=True, exist_ok=True)
     whl = d / WHEEL
@@ -66,7 +67,9 @@ def fetch_headers():
     tmp = d / f"include.{os.getpid()}.tmp"
     with zipfile.ZipFile(whl) as z:
         for name in z.namelist():
-            if name.startswith("mlx/include/" + KERNELS + "/") and name.endswith(".h"):
+            # MLX's C++ and kernel headers (the host API too: test_metal_sim_host.py compiles
+            # eval_gpu against mlx/backend/metal/device.h); not Apple's metal-cpp
+            if name.startswith("mlx/include/mlx/") and name.endswith(".h"):
                 rel = name[len("mlx/include/"):]
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_bytes(z.read(name))
@@ -133,10 +136,14 @@ def all_instantiations():
     return lines
 
 
-def build_runner(extra_flags=(), tag="mlx"):
+def build_runner(count=False, only=None):
+    """The runner with MLX's kernels (count: the cost-model build, only the named ones)."""
     inc = fetch_headers()
-    return simbuild.build_source_runner(tag, amalgamate(inc), all_instantiations(),
-                                        extra_flags=extra_flags)
+    lines = all_instantiations()
+    if only is not None:
+        lines = [ln for ln in lines if re.search(r'host_name\("(' + "|".join(only) + r')"', ln)]
+    return simbuild.build_source_runner("mlx-count" if count else "mlx", amalgamate(inc), lines,
+                                        count=count)
 
 
 # ---------------------------------------------------------------------------------------------

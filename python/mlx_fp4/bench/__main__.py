@@ -1,4 +1,6 @@
-"""CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR]."""
+"""CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR].
+
+python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py)."""
 
 import argparse
 import math
@@ -44,6 +46,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    if argv_list[:1] == ["decode"]:
+        from . import decode
+
+        return decode.main(argv_list[1:])
     args = parse_args(argv)
     device = args.device or ("gpu" if _gpu_available() else "cpu")
     if device == "gpu" and not _gpu_available():

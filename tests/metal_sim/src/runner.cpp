@@ -61,6 +61,7 @@ void print_launch(const fp4::MetalLaunch& l, std::ostream& os) {
      << "tiles " << q.tiles_m << " " << q.tiles_n << "\n"
      << "log2_grid " << q.log2_grid_m << " " << q.log2_grid_n << "\n"
      << "flags " << q.flags << "\n"
+     << "pipeline " << l.pipeline_name << "\n"
      << "bindings";
   for (int s = 0; s < fp4::kMetalNumBuffers; ++s) os << " " << l.binding[s];
   os << "\n";
@@ -138,6 +139,10 @@ int cmd_run(const std::string& dir) {
     print_launch(l, plan);
     plan.close();
     msim::Encoder enc;
+    for (int i = 0; i < l.num_constants; ++i) {
+      const bool v = l.constants[i].value;
+      enc.set_function_constant(l.constants[i].index, &v, sizeof v);
+    }
     for (int s = 0; s < fp4::kMetalNumBuffers; ++s) {
       const int b = l.binding[s];
       if (b == fp4::kMetalBindOutput) {

@@ -176,6 +176,11 @@ std::map<std::string, KernelEntry>& kernels() {
   static std::map<std::string, KernelEntry> m;
   return m;
 }
+std::map<std::string, int>& max_threads() {
+  static std::map<std::string, int> m;
+  return m;
+}
+
 std::map<std::string, std::vector<ParamAttr>>& signatures() {
   static std::map<std::string, std::vector<ParamAttr>> m;
   return m;
@@ -624,6 +629,11 @@ bool register_kernel_impl(const char* host_name, const char* base_name, void* fn
   return true;
 }
 
+bool register_max_threads(const char* base_name, int n) {
+  max_threads()[base_name] = n;
+  return true;
+}
+
 bool register_signature(const char* base_name, const ParamAttr* sig, int n) {
   signatures()[base_name] = std::vector<ParamAttr>(sig, sig + n);
   return true;
@@ -677,6 +687,27 @@ void free_buffer(Buffer* b) {
   }
   munmap(b->map, b->map_size);
   delete b;
+}
+
+int address_space_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  Worker* w = tls_worker;
+  if (w != nullptr) {
+    const uintptr_t arena = reinterpret_cast<uintptr_t>(w->arena);
+    if (a >= arena && a < arena + kArenaBytes) return kSpaceThreadgroup;
+    const uintptr_t stack = reinterpret_cast<uintptr_t>(w->fibers[w->current].stack_map);
+    if (a >= stack && a < stack + kPage + kFiberStack) return kSpacePrivate;
+  }
+  const int count = g_buf_count.load();
+  for (int i = 0; i < count; ++i) {
+    const Buffer* b = g_buf_snapshot[i];
+    if (b == nullptr) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(b->data);
+    if (a >= begin && a < begin + b->size) {
+      return b->name.rfind("set_bytes(", 0) == 0 ? kSpaceConstant : kSpaceDevice;
+    }
+  }
+  return kSpaceOther;
 }
 
 namespace {
@@ -745,6 +776,12 @@ void Encoder::dispatch_threadgroups(const std::string& host_name, Dim3 grid, Dim
   if (threads == 0 || threads > METAL_SIM_MAX_THREADS) {
     fail("threadgroup of %llu threads: Metal allows 1 to %d", (unsigned long long)threads,
          METAL_SIM_MAX_THREADS);
+  }
+  auto mt = max_threads().find(it->second.base);
+  if (mt != max_threads().end() && threads > uint64_t(mt->second)) {
+    fail("kernel %s: threadgroup of %llu threads exceeds its "
+         "[[max_total_threads_per_threadgroup(%d)]]", host_name.c_str(),
+         (unsigned long long)threads, mt->second);
   }
   for (const ParamAttr& a : sit->second) {
     if (a.kind == kAttrBuffer && (a.index < 0 || a.index >= 32 || !g_next.buffers[a.index].bound)) {

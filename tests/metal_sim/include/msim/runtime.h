@@ -99,11 +99,20 @@ inline const T& function_constant(int index) {
   return *static_cast<const T*>(function_constant_slot(index));
 }
 
+// Where an address points, for the cost counters (costmodel.py): the current Metal thread's
+// stack (registers/private memory), a device buffer, a set_bytes buffer (constant), the
+// threadgroup arena, or anything else (globals of the shim).
+enum AddressSpace : int { kSpacePrivate, kSpaceDevice, kSpaceConstant, kSpaceThreadgroup,
+                          kSpaceOther, kNumSpaces };
+int address_space_of(const void* p);
+
 // ---- kernel registry ----
 using KernelThunk = void (*)(void* fn, const ParamAttr* sig, int nsig);
 bool register_kernel_impl(const char* host_name, const char* base_name, void* fn,
                           KernelThunk thunk, int nparams);
 bool register_signature(const char* base_name, const ParamAttr* sig, int n);
+// [[max_total_threads_per_threadgroup(n)]] of a kernel (by base name).
+bool register_max_threads(const char* base_name, int n);
 
 template <class T>
 inline T builtin_value(const uint32_t (&v)[3]) {
