@@ -1,6 +1,7 @@
 """CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR].
 
-python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py)."""
+python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
+python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py)."""
 
 import argparse
 import math
@@ -51,6 +52,10 @@ def main(argv=None) -> int:
         from . import decode
 
         return decode.main(argv_list[1:])
+    if argv_list[:1] == ["moe"]:
+        from . import moe
+
+        return moe.main(argv_list[1:])
     args = parse_args(argv)
     device = args.device or ("gpu" if _gpu_available() else "cpu")
     if device == "gpu" and not _gpu_available():
