@@ -15,9 +15,9 @@ def test_moe_cli(tmp_path):
     assert rc == 0
     doc = json.loads((tmp_path / "moe_cpu.json").read_text())
     assert doc["layer"] == {"experts": 8, "top_k": 2, "hidden": 64, "moe_intermediate": 32}
-    assert [p["phase"] for p in doc["points"]] == ["decode", "prefill (sorted)"]
+    assert [p["phase"] for p in doc["points"]] == ["decode, unsorted", "prefill, sorted"]
     for p in doc["points"]:
         assert set(p["results"]) == {"mlx_fp4", "mlx_nvfp4", "dense"}
         assert all(r["status"] == "ok" and r["ms"] > 0 for r in p["results"].values())
         assert p["speedup"]["mlx_nvfp4"] > 0 and p["ours_active_gbps"] > 0
-    assert "| 40 | prefill (sorted) |" in (tmp_path / "moe_cpu.md").read_text()
+    assert "| 40 | prefill, sorted |" in (tmp_path / "moe_cpu.md").read_text()

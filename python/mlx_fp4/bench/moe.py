@@ -143,7 +143,8 @@ def main(argv) -> int:
         rng = np.random.default_rng(args.seed + t)
         x = (mx.random.normal((t, cfg["hidden"]), key=mx.random.key(t)) * 0.5).astype(mx.bfloat16)
         mx.eval(x)
-        point = {"tokens": t, "phase": "decode" if t * cfg["top_k"] < SORT_MIN_PAIRS else "prefill (sorted)",
+        sort = "sorted" if t * cfg["top_k"] >= SORT_MIN_PAIRS else "unsorted"
+        point = {"tokens": t, "phase": f"{'decode' if t <= max(DECODE_TOKENS) else 'prefill'}, {sort}",
                  "active_weight_bytes": active_bytes([routing(t, cfg, rng) for _ in range(8)], experts),
                  "results": {}}
         for impl in args.impls:
