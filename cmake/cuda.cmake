@@ -64,7 +64,7 @@ function(mlx_fp4_add_cuda_backend TARGET)
   get_filename_component(_src "${_src}" ABSOLUTE)
 
   # Kernels: framework-free .cu (no MLX header: nvcc rejects the fmt code MLX's CUDA headers pull in).
-  add_library(mlx_fp4_cuda_kernels OBJECT "${_src}/cuda/w4a16_matmul.cu")
+  add_library(mlx_fp4_cuda_kernels OBJECT "${_src}/cuda/w4a16_matmul.cu" "${_src}/cuda/gather_w4a16_matmul.cu")
   set_target_properties(mlx_fp4_cuda_kernels PROPERTIES
     CUDA_ARCHITECTURES "${MLX_FP4_CUDA_ARCHS}"
     CUDA_STANDARD 17
@@ -76,7 +76,8 @@ function(mlx_fp4_add_cuda_backend TARGET)
   target_compile_options(mlx_fp4_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--threads=0 -Xptxas=-warn-spills>)
 
   # MLX glue (C++ compiler, MLX's CUDA headers, our fmt stand-in) and the cuBLASLt step.
-  set(_glue "${_src}/cuda/w4a16_matmul.cpp" "${_src}/cuda/w4a16_cublas.cpp")
+  set(_glue "${_src}/cuda/w4a16_matmul.cpp" "${_src}/cuda/w4a16_cublas.cpp" "${_src}/cuda/mlx_memory.cpp"
+    "${_src}/cuda/gather_w4a16_matmul.cpp")
   target_sources(${TARGET} PRIVATE $<TARGET_OBJECTS:mlx_fp4_cuda_kernels> ${_glue})
   set_source_files_properties(${_glue} TARGET_DIRECTORY ${TARGET} PROPERTIES
     INCLUDE_DIRECTORIES "${_src}/cuda/fmt_shim;${CUDAToolkit_INCLUDE_DIRS}"
@@ -95,5 +96,5 @@ function(mlx_fp4_add_cuda_backend TARGET)
     set_property(SOURCE ${_glue} TARGET_DIRECTORY ${TARGET} APPEND PROPERTY INCLUDE_DIRECTORIES
                  "${MLX_FP4_CUBLASLT_INCLUDE}")
   endif()
-  target_link_libraries(${TARGET} PRIVATE CUDA::cudart_static ${_lt})
+  target_link_libraries(${TARGET} PRIVATE CUDA::cudart_static ${_lt} ${CMAKE_DL_LIBS})
 endfunction()

@@ -26,7 +26,9 @@ set(MLX_FP4_METAL_SOURCES
     csrc/shared/w4a16_problem.h
     csrc/shared/tiling_metal.h
     csrc/metal/w4a16_kernel_abi.h
-    csrc/metal/w4a16_matmul.metal)
+    csrc/metal/w4a16_device.h
+    csrc/metal/w4a16_matmul.metal
+    csrc/metal/w4a16_gemv.metal)
 
 function(mlx_fp4_embed_metal out_file source_dir)
   set(delim "MLXFP4MSL")
@@ -87,6 +89,7 @@ function(mlx_fp4_add_metal_backend target)
     DEPENDS ${deps}
     COMMENT "Embedding the mlx_fp4 Metal kernels"
     VERBATIM)
-  target_sources(${target} PRIVATE "${MLX_FP4_METAL_ROOT}/csrc/metal/w4a16_matmul.cpp" "${gen}")
+  target_sources(${target} PRIVATE "${MLX_FP4_METAL_ROOT}/csrc/metal/w4a16_matmul.cpp"
+                 "${MLX_FP4_METAL_ROOT}/csrc/metal/gather_w4a16_matmul.cpp" "${gen}")
   target_include_directories(${target} PRIVATE "${gen_dir}")
 endfunction()

@@ -1,5 +1,6 @@
 // quantize / dequantize: lazy MLX graph ops for the NVFP4 format. They run on every backend
 // because they are built from MLX ops; the code tables come from csrc/shared/fp4_format.h.
+#include <algorithm>
 #include <cmath>
 
 #include "errors.h"
@@ -66,21 +67,72 @@ mx::array e2m1_encode(const mx::array& v, mx::StreamOrDevice s) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-}  // namespace
-
-std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, mx::StreamOrDevice s) {
+void check_quantize_input(const mx::array& w_in) {
   if (w_in.ndim() != 2) {
-    throw_invalid("[quantize] w must be 2-D [N, K] but got shape ", shape_str(w_in.shape()), ".");
+    throw_invalid("[quantize] w must be 2-D [N, K] or stacked [..., N, K] but got shape ", shape_str(w_in.shape()),
+                  ".");
   }
   if (!mx::issubdtype(w_in.dtype(), mx::floating)) {
     throw_invalid("[quantize] w must be a floating dtype (float16, bfloat16, float32) but got ",
                   dtype_str(w_in.dtype()), ".");
   }
-  const int n = w_in.shape(0);
-  const int k = w_in.shape(1);
-  if (k < 1) {
+  if (w_in.shape(1) < 1) {
     throw_invalid("[quantize] w must have K >= 1 columns but got shape ", shape_str(w_in.shape()), ".");
   }
+}
+
+}  // namespace
+
+// Stacked weights [..., N, K] (mixture-of-experts): each matrix quantized on its own, so a
+// global scale is one per matrix (shape w.shape[:-2]), as mlx-lm's per-expert nvfp4 scales.
+static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_global_scale, mx::StreamOrDevice s) {
+  const mx::Shape lead(w.shape().begin(), w.shape().end() - 2);
+  const int n = w.shape(-2);
+  const int k = w.shape(-1);
+  // [matrices, ...] -> lead + [...]
+  auto restack = [&](const mx::array& a) {
+    mx::Shape shape = lead;
+    shape.insert(shape.end(), a.shape().begin() + 1, a.shape().end());
+    return mx::reshape(a, shape, s);
+  };
+  int matrices = 1;
+  for (int d : lead) matrices *= d;
+  if (!with_global_scale) {
+    auto out = quantize(mx::reshape(w, {matrices * n, k}, s), false, s);
+    for (auto& a : out) a = restack(mx::reshape(a, {matrices, n, a.shape(-1)}, s));
+    return out;
+  }
+  auto flat = mx::reshape(w, {matrices, n, k}, s);
+  std::vector<std::vector<mx::array>> parts(3);
+  for (int e = 0; e < matrices; ++e) {
+    auto q = quantize(mx::take(flat, e, 0, s), true, s);
+    for (int i = 0; i < 3; ++i) parts[i].push_back(q[i]);
+  }
+  std::vector<mx::array> out;
+  for (auto& part : parts) out.push_back(restack(mx::stack(part, 0, s)));
+  return out;
+}
+
+std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, mx::StreamOrDevice s) {
+  if (w_in.ndim() > 2) {
+    return quantize_stacked(w_in, with_global_scale, s);
+  }
+  if (!with_global_scale) {
+    return quantize(w_in, std::optional<mx::array>{}, s);
+  }
+  check_quantize_input(w_in);
+  // MLX's convention: the global scale is the tensor amax (mx.quantize / mx.dequantize).
+  auto amax = mx::max(mx::abs(mx::astype(w_in, mx::float32, s), s), s);
+  auto out = quantize(w_in, std::optional<mx::array>{amax}, s);
+  out.push_back(amax);
+  return out;
+}
+
+std::vector<mx::array> quantize(const mx::array& w_in, const std::optional<mx::array>& global_scale,
+                                mx::StreamOrDevice s) {
+  check_quantize_input(w_in);
+  const int n = w_in.shape(0);
+  const int k = w_in.shape(1);
   const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k));
   const int kpad = blocks * fp4::kBlockSize;
   auto w = mx::astype(w_in, mx::float32, s);
@@ -90,12 +142,13 @@ std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, m
   auto wb = mx::reshape(w, {n, blocks, fp4::kBlockSize}, s);
   auto amax = mx::max(mx::abs(wb, s), -1, true, s);  // [N, blocks, 1]
 
-  std::optional<mx::array> gs;
   auto target = mx::divide(amax, f32(fp4::kE2M1Max), s);
   auto gs_safe = f32(1.0f);
-  if (with_global_scale) {
-    gs = mx::divide(mx::max(mx::abs(w, s), s), f32(fp4::kGlobalScaleDenominator), s);
-    gs_safe = mx::where(mx::greater(*gs, f32(0.0f), s), *gs, f32(1.0f), s);
+  if (global_scale) {
+    auto gs = global_scale_multiplier(*global_scale, "quantize", s);
+    // A zero (all-zero tensor) or non-finite multiplier would turn every scale into NaN.
+    auto usable = mx::logical_and(mx::greater(gs, f32(0.0f), s), mx::isfinite(gs, s), s);
+    gs_safe = mx::where(usable, gs, f32(1.0f), s);
     target = mx::divide(target, gs_safe, s);
   }
   auto scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
@@ -111,11 +164,7 @@ std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, m
   auto packed = mx::astype(mx::bitwise_or(lo, mx::left_shift(hi, u32(fp4::kNibbleBits), s), s), mx::uint8, s);
   packed = mx::slice(packed, {0, 0}, {n, static_cast<int>(fp4::packed_bytes_for_k(k))}, s);
   auto scales = mx::reshape(scale_codes, {n, blocks}, s);
-  std::vector<mx::array> out = {packed, scales};
-  if (gs) {
-    out.push_back(mx::astype(*gs, mx::float32, s));
-  }
-  return out;
+  return {packed, scales};
 }
 
 void check_packed(const mx::array& packed, const char* op, const char* arg) {
@@ -139,6 +188,11 @@ mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevi
                   dtype_str(gs.dtype()), ".");
   }
   return mx::reshape(mx::astype(gs, mx::float32, s), {}, s);
+}
+
+mx::array global_scale_multiplier(const mx::array& gs, const char* op, mx::StreamOrDevice s) {
+  // One fp32 division, as mx.dequantize(..., mode="nvfp4", global_scale=gs) computes it.
+  return mx::divide(global_scale_f32(gs, op, s), f32(fp4::kGlobalScaleDenominator), s);
 }
 
 // fp32 [N, k] weights: e2m1 * e4m3, exact. `packed` is uint8 or uint32; nibble j of an element
@@ -165,6 +219,48 @@ mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, mx
   return mx::multiply(values, mx::take(scale_values, block_of_column, 1, s), s);
 }
 
+// Stacked [..., N, bytes] weights: a scalar global scale applies to all, one per matrix to each.
+static mx::array dequantize_stacked(
+    const mx::array& packed,
+    const mx::array& scales,
+    std::optional<int> k,
+    const std::optional<mx::array>& global_scale,
+    mx::Dtype dtype,
+    mx::StreamOrDevice s) {
+  const mx::Shape lead(packed.shape().begin(), packed.shape().end() - 2);
+  if (scales.ndim() != packed.ndim() || !std::equal(lead.begin(), lead.end(), scales.shape().begin())) {
+    throw_invalid("[dequantize] scales must have the batch dims of packed ", shape_str(lead), " but got shape ",
+                  shape_str(scales.shape()), ".");
+  }
+  int matrices = 1;
+  for (int d : lead) matrices *= d;
+  const int n = packed.shape(-2);
+  auto flat_p = mx::reshape(packed, {matrices * n, packed.shape(-1)}, s);
+  auto flat_s = mx::reshape(scales, {matrices * n, scales.shape(-1)}, s);
+  // [matrices * n, k] -> lead + [n, k]
+  auto restack = [&](const mx::array& a) {
+    mx::Shape shape = lead;
+    shape.push_back(n);
+    shape.push_back(a.shape(-1));
+    return mx::reshape(a, shape, s);
+  };
+  if (!global_scale || global_scale->size() == 1) {
+    return restack(dequantize(flat_p, flat_s, k, global_scale, dtype, s));
+  }
+  if (global_scale->shape() != lead) {
+    throw_invalid("[dequantize] global_scale must be a scalar or have shape packed.shape[:-2] = ", shape_str(lead),
+                  " but got ", shape_str(global_scale->shape()), ".");
+  }
+  auto gs = mx::reshape(*global_scale, {matrices}, s);
+  auto p3 = mx::reshape(packed, {matrices, n, packed.shape(-1)}, s);
+  auto s3 = mx::reshape(scales, {matrices, n, scales.shape(-1)}, s);
+  std::vector<mx::array> parts;
+  for (int e = 0; e < matrices; ++e) {
+    parts.push_back(dequantize(mx::take(p3, e, 0, s), mx::take(s3, e, 0, s), k, mx::take(gs, e, 0, s), dtype, s));
+  }
+  return restack(mx::reshape(mx::stack(parts, 0, s), {matrices * n, -1}, s));
+}
+
 mx::array dequantize(
     const mx::array& packed,
     const mx::array& scales,
@@ -172,6 +268,9 @@ mx::array dequantize(
     const std::optional<mx::array>& global_scale,
     mx::Dtype dtype,
     mx::StreamOrDevice s) {
+  if (packed.ndim() > 2) {
+    return dequantize_stacked(packed, scales, k_opt, global_scale, dtype, s);
+  }
   check_packed(packed, "dequantize", "packed");
   const int n = packed.shape(0);
   const int nbytes = packed.shape(1) * static_cast<int>(packed.itemsize());
@@ -190,7 +289,7 @@ mx::array dequantize(
   }
   auto w = decode_f32(packed, scales, k, s);
   if (global_scale) {
-    w = mx::multiply(w, global_scale_f32(*global_scale, "dequantize", s), s);
+    w = mx::multiply(w, global_scale_multiplier(*global_scale, "dequantize", s), s);
   }
   return mx::astype(w, dtype, s);
 }

@@ -17,6 +17,11 @@
 #   fullbench  python -m mlx_fp4.bench --device gpu on 8192x8192, 14336x4096, 4096x14336, M = 1..8192
 #              (JSON + PNG + table in $OUT/bench; BENCH_ARGS adds options)
 #   sanitizer  compute-sanitizer memcheck over the kernel harness checks and the GPU matmul tests
+#   decode     python -m mlx_fp4.bench decode (Llama-3-8B shapes; DECODE_ARGS replaces the defaults
+#              --preset llama3-8b --layers 8 16 32), JSON + PNG + table in $OUT/decode
+#   overhead   scripts/gpu_op_overhead.py: host cost per call and chained products through MLX
+#   stress     scripts/gpu_stress.py (threads x streams x compile x grads; STRESS_ARGS), then the same
+#              with fewer iterations under compute-sanitizer memcheck, racecheck and synccheck
 #
 # Environment: PY (python with mlx[cuda13]==0.32.4 and nanobind 3.x, default python3),
 # OUT (logs, default ./gpu-check-out), ARCHS (CUDA_ARCHITECTURES; default: this GPU's, e.g. 90-real),
@@ -147,6 +152,22 @@ step_sanitizer() {
   PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0 timeout "${SANITIZER_TIMEOUT:-300}" \
     compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$PY" -m pytest -q -p no:cacheprovider -x tests/test_w4a16_matmul.py || rc=1
+  return $rc
+}
+
+step_decode() {
+  PYTHONPATH=python "$PY" -m mlx_fp4.bench decode --out "$OUT/decode" ${DECODE_ARGS:---preset llama3-8b --layers 8 16 32}
+}
+step_overhead() { PYTHONPATH=python "$PY" scripts/gpu_op_overhead.py --out "$OUT" ${OVERHEAD_ARGS:-}; }
+
+step_stress() {
+  local rc=0 tool
+  PYTHONPATH=python "$PY" scripts/gpu_stress.py ${STRESS_ARGS:---threads 8 --iterations 400} || rc=1
+  for tool in memcheck racecheck synccheck; do
+    echo "== compute-sanitizer --tool $tool"
+    PYTHONPATH=python timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$PY" scripts/gpu_stress.py ${SANITIZER_STRESS_ARGS:---threads 4 --iterations 12} || rc=1
+  done
   return $rc
 }
 

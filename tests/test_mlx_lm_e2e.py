@@ -111,22 +111,31 @@ def test_stock_mlx_lm_load_then_convert(tmp_path):
     compare(greedy(loaded), want, atol=1e-6)
 
 
-def test_modelopt_checkpoint_into_mlx_lm_llama(tmp_path):
-    """A ModelOpt-layout export of the quantized model (uint8 weight, F8_E4M3 weight_scale,
-    weight_scale_2 multiplier) loads into a fresh mlx-lm Llama and decodes the same tokens."""
-    model = build(seed=3)
-    fnn.quantize(model, global_scale=True, progress=False)
+def modelopt_tensors(model, params):
+    """ModelOpt layout of (key, array) pairs of a quantized model: uint8 weights, F8_E4M3
+    weight_scale, the FP4Linear multipliers as weight_scale_2."""
     tensors = {}
-    for k, v in tree_flatten(model.parameters()):
+    for k, v in params:
         p, _, name = k.rpartition(".")
+        if name == "global_scale":
+            continue  # written below in ModelOpt's convention
         if name == "weight" and v.dtype == mx.uint32:
             tensors[k] = ref.packed_bytes(v)
         elif name == "scales":
             tensors[f"{p}.weight_scale"] = np.array(v).view(ml_dtypes.float8_e4m3fn)
         else:
             tensors[k] = np.array(v)
-    for k, gs in fnn.global_scales(model).items():
-        tensors[k.replace(".global_scale", ".weight_scale_2")] = np.array(gs)
+    for k, gs in fnn.global_scales(model).items():  # ModelOpt stores the multiplier, shape ()
+        tensors[k.replace(".global_scale", ".weight_scale_2")] = np.array(ref.multiplier(gs))
+    return tensors
+
+
+def test_modelopt_checkpoint_into_mlx_lm_llama(tmp_path):
+    """A ModelOpt-layout export of the quantized model (uint8 weight, F8_E4M3 weight_scale,
+    weight_scale_2 multiplier) loads into a fresh mlx-lm Llama and decodes the same tokens."""
+    model = build(seed=3)
+    fnn.quantize(model, global_scale=True, progress=False)
+    tensors = modelopt_tensors(model, tree_flatten(model.parameters()))
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)  # sanitized
     save_file(tensors, str(tmp_path / "model.safetensors"))
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(

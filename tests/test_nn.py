@@ -76,10 +76,10 @@ def test_forward_against_reference(dtype, global_scale, device):
     lin = _linear(96, 40, seed=1)
     lin.bias = lin.bias.astype(dtype)
     q = FP4Linear.from_linear(lin, global_scale=global_scale)
-    if global_scale:
-        amax = float(np.abs(np.array(lin.weight)).max())
-        assert q.global_scale.dtype == mx.float32 and q.global_scale.shape == ()
-        np.testing.assert_allclose(float(q.global_scale), amax / 2688, rtol=1e-6)
+    if global_scale:  # MLX's convention: the tensor amax
+        amax = np.float32(np.abs(np.array(lin.weight)).max())
+        assert q.global_scale.dtype == mx.float32 and q.global_scale.shape == (1,)
+        assert q.global_scale.item() == amax
     else:
         assert q.global_scale is None
     x = common.rand_x((3, 5, 96), dtype, common.rng("x", dtype))
@@ -124,28 +124,30 @@ def test_constructor_and_errors():
         q.global_scale = mx.ones((2,))
 
 
-def test_global_scale_is_not_a_parameter():
+def test_global_scale_is_a_frozen_parameter():
     q = FP4Linear.from_linear(_linear(64, 32), global_scale=True)
     keys = {k for k, _ in tree_flatten(q.parameters())}
-    assert keys == {"weight", "scales", "bias"}
-    q.global_scale = 2.0  # python float accepted, stored fp32
-    assert q.global_scale.dtype == mx.float32 and float(q.global_scale) == 2.0
-    assert "global_scale" not in q and "_global_scale" not in q
+    assert keys == {"weight", "scales", "bias", "global_scale"}
+    assert tree_flatten(q.trainable_parameters()) == []
+    q.global_scale = 2.0  # python float accepted, stored fp32 [1]
+    assert q["global_scale"].dtype == mx.float32 and q["global_scale"].shape == (1,)
+    assert q.global_scale.item() == 2.0 and tree_flatten(q.trainable_parameters()) == []
+    q.load_weights(list(tree_flatten(q.parameters())))  # strict round trip
     q.global_scale = None
-    assert q.global_scale is None
-    # strict load_weights of the parameters still round-trips
-    q.load_weights(list(tree_flatten(q.parameters())))
+    assert q.global_scale is None and "global_scale" not in q
+    assert {k for k, _ in tree_flatten(q.parameters())} == {"weight", "scales", "bias"}
+    for bad, match in [(True, "bool"), (mx.ones((2,)), "one element"), (mx.array(1, mx.int32), "floating"),
+                       ("1.0", "str")]:
+        with pytest.raises(ValueError, match=match):
+            q.global_scale = bad
 
 
-def test_shard_linear_does_not_split_global_scale():
-    """shard_linear splits every parameter; a 0-d global scale would fail there."""
-    from mlx.nn.layers.distributed import shard_linear
-
-    group = mx.distributed.init()
-    q = FP4Linear.from_linear(_linear(64, 32), global_scale=True)
-    for kind in ("all-to-sharded", "sharded-to-all"):
-        s = shard_linear(q, kind, group=group)
-        assert s.weight.shape[1] * 32 // s.bits == 64 // group.size() or kind == "all-to-sharded"
+def test_biases_read_refuses_to_drop_the_global_scale():
+    q = FP4Linear.from_linear(_linear(64, 32))
+    assert q.biases is None and q.get("biases") is None
+    q.global_scale = 1.0
+    with pytest.raises(ValueError, match="global_scale.*mlx_fp4.nn.dequantize"):
+        q.biases
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_dequantize_model_applies_global_scale():
     q = net.a
     fnn.dequantize(net, dtype=mx.float32)
     assert type(net.a) is nn.Linear
-    want = ref.decode_weights(q.weight, q.scales, 32, q.global_scale)
+    want = ref.decode_weights(q.weight, q.scales, 32, ref.multiplier(q.global_scale))
     np.testing.assert_allclose(np.array(net.a.weight), want, rtol=2**-23, atol=0)
     assert net.a.bias is q.bias
 
@@ -225,7 +227,7 @@ def test_load_weights_attaches_global_scales_and_swaps_layers():
     from mlx_fp4.checkpoints import NVFP4Weights
 
     fnn.load_weights(dst, NVFP4Weights(weights))
-    assert isinstance(dst.a, FP4Linear) and float(dst.a.global_scale) == float(src.a.global_scale)
+    assert isinstance(dst.a, FP4Linear) and dst.a.global_scale.item() == src.a.global_scale.item()
     assert dst.a.weight is src.a.weight
     x = common.rand_x((2, 32), mx.float32, common.rng("lw"))
     np.testing.assert_array_equal(np.array(dst.a(x)), np.array(src.a(x)))
@@ -363,7 +365,7 @@ def test_lora_fuse_keeps_global_scale():
     l1, _ = _lora_stack(lambda b: b.to_lora(r=4, scale=2.0))
     dense = l1.fuse(dequantize=True)
     assert type(dense) is nn.Linear
-    want = ref.decode_weights(l1.linear.weight, l1.linear.scales, 64, l1.linear.global_scale)
+    want = ref.decode_weights(l1.linear.weight, l1.linear.scales, 64, ref.multiplier(l1.linear.global_scale))
     want = want + 2.0 * (np.array(l1.lora_b).T @ np.array(l1.lora_a).T)
     np.testing.assert_allclose(np.array(dense.weight), want, rtol=1e-5, atol=1e-6)
     fused = l1.fuse()
@@ -395,7 +397,7 @@ def test_linear_to_lora_layers_uses_fp4_lora():
     assert isinstance(m.layers[1].q_proj.linear, FP4Linear)
 
 
-def test_fuse_swiglu_requires_the_exact_forward():
+def test_fuse_swiglu_is_opt_in_by_type():
     class PreNormMLP(nn.Module):
         def __init__(self):
             super().__init__()
@@ -409,7 +411,6 @@ def test_fuse_swiglu_requires_the_exact_forward():
 
     class SiluMLP(PreNormMLP):
         def __call__(self, x):
-            """docstrings are fine"""
             return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
     class M(nn.Module):
@@ -421,9 +422,34 @@ def test_fuse_swiglu_requires_the_exact_forward():
     m = M()
     x = mx.ones((1, 32))
     before = m.b(x)
-    fnn.fuse_swiglu(m)
+    fnn.fuse_swiglu(m)  # neither class is a known mlx-lm MLP: nothing is guessed
+    assert type(m.a) is PreNormMLP and type(m.b) is SiluMLP
+    fnn.fuse_swiglu(m, [SiluMLP])
     assert type(m.a) is PreNormMLP and isinstance(m.b, fnn.FP4SwiGLU)
     np.testing.assert_allclose(np.array(m.b(x)), np.array(before), rtol=1e-5, atol=1e-5)
+    m = M()
+    fnn.fuse_swiglu(m, class_predicate=lambda path, mod: path == "a")
+    assert isinstance(m.a, fnn.FP4SwiGLU) and type(m.b) is SiluMLP
+
+
+def test_swiglu_mlp_list_matches_installed_mlx_lm():
+    """Every class named in SWIGLU_MLPS has the single-statement SwiGLU forward."""
+    import ast
+    import importlib
+    import inspect
+    import textwrap
+
+    from mlx_fp4.layers.swiglu import SWIGLU_MLPS
+
+    want = "self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))"
+    for name in sorted(SWIGLU_MLPS):
+        module, _, cls = name.rpartition(".")
+        call = getattr(importlib.import_module(module), cls).__call__
+        fn = ast.parse(textwrap.dedent(inspect.getsource(call))).body[0]
+        body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+        assert [a.arg for a in fn.args.args] == ["self", "x"], name
+        assert len(body) == 1 and isinstance(body[0], ast.Return), name
+        assert ast.unparse(body[0].value) == want, name
 
 
 def test_quantize_rejects_activation_quantization():

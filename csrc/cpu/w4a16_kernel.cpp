@@ -257,6 +257,7 @@ void run_gemm(const fp4::W4A16Problem& p, const Buffers& b) {
 }  // namespace
 
 const char* hot_loops_name() { return hot().name; }
+const HotLoops& hot_loops() { return hot(); }
 
 CpuTiles cpu_tiles() {
   const HotLoops& h = hot();

@@ -15,6 +15,10 @@ struct Buffers {
 
 void run_w4a16(const fp4::W4A16Problem& p, const Buffers& b);
 
+// The hot loops picked for this CPU (shared with the gathered kernel).
+struct HotLoops;
+const HotLoops& hot_loops();
+
 // Name of the hot-loop build picked for this CPU ("avx512f", "avx2-fma", "neon", "generic-128").
 const char* hot_loops_name();
 

@@ -19,8 +19,21 @@ std::mutex g_handle_mutex;
 std::mutex g_call_mutex;
 cublasLtHandle_t g_handles[kMaxDevices] = {};
 
-// Heuristic choice per (handle, m, n, k, types, workspace): the query costs host time.
-using AlgoKey = std::tuple<void*, int64_t, int64_t, int64_t, int, int, size_t, int>;
+// Heuristic choice per (handle, m, n, k, types, workspace, device alpha, operand alignments): the
+// query costs host time, and an algorithm chosen for 256-byte aligned operands may need that
+// alignment (an offset view of x can be only 2-byte aligned).
+using AlgoKey = std::tuple<void*, int64_t, int64_t, int64_t, int, int, size_t, int, uint32_t, uint32_t, uint32_t>;
+
+// cuBLASLt's default assumption, and the largest alignment it asks about.
+constexpr uint32_t kMaxAlignment = 256;
+
+// Largest power of two (up to 256) that divides the address.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = kMaxAlignment;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
 std::map<AlgoKey, cublasLtMatmulAlgo_t> g_algos;
 std::mutex g_algo_mutex;
 
@@ -71,8 +84,7 @@ void* cublas_handle(int device, char* err) {
   return g_handles[device];
 }
 
-void cublas_lock() { g_call_mutex.lock(); }
-void cublas_unlock() { g_call_mutex.unlock(); }
+std::unique_lock<std::mutex> cublas_guard() { return std::unique_lock<std::mutex>(g_call_mutex); }
 
 bool cublas_gemm(void* handle, cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* x,
                  const void* wd, int ab_dtype, void* c, int c_dtype, const float* alpha_device,
@@ -98,7 +110,8 @@ bool cublas_gemm(void* handle, cudaStream_t stream, int64_t m, int64_t n, int64_
   }
 
   cublasLtMatmulAlgo_t algo;
-  const AlgoKey key{h, m, n, k, ab_dtype, c_dtype, workspace_bytes, alpha_device ? 1 : 0};
+  const uint32_t align_a = alignment_of(wd), align_b = alignment_of(x), align_c = alignment_of(c);
+  const AlgoKey key{h, m, n, k, ab_dtype, c_dtype, workspace_bytes, alpha_device ? 1 : 0, align_a, align_b, align_c};
   bool cached = false;
   {
     std::lock_guard<std::mutex> lock(g_algo_mutex);
@@ -119,6 +132,15 @@ bool cublas_gemm(void* handle, cudaStream_t stream, int64_t m, int64_t n, int64_
     const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                          sizeof(schemes));
+    // A = wd, B = x, C = D = c (see the layouts above).
+    cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                         sizeof(align_a));
+    cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                         sizeof(align_b));
+    cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                         sizeof(align_c));
+    cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                         sizeof(align_c));
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     st = cublasLtMatmulAlgoGetHeuristic(h, call.desc, call.a, call.b, call.c, call.c, call.pref, 1, &result, &count);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "../shared/w4a16_problem.h"
 #include "w4a16_plan.h"
@@ -41,6 +42,16 @@ struct DequantArgs {
   int out_dtype;  // fp4::OperandDtype
 };
 
+// Row-contiguous copy of a strided array of 2- or 4-byte elements (element strides).
+struct StridedCopyArgs {
+  const void* src;
+  void* dst;
+  int64_t elements;
+  int ndim;
+  int64_t shape[fp4::kMaxStridedXDims];
+  int64_t strides[fp4::kMaxStridedXDims];
+};
+
 struct Launch {
   CUfunction func = nullptr;
   dim3 grid;
@@ -53,6 +64,7 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec);
 Launch dequant_launch(const DequantArgs& d, bool vec);
 Launch epilogue_launch(const fp4::W4A16Problem& p);
+Launch strided_copy_launch(const StridedCopyArgs& c, int element_bytes);
 // Loads every kernel of this file into the current device's context (lazy loading otherwise
 // loads each on its first launch, milliseconds each).
 void preload_kernels();
@@ -65,10 +77,9 @@ bool cublas_gemm(void* handle, cudaStream_t stream, int64_t m, int64_t n, int64_
                  const void* wd, int ab_dtype, void* c, int c_dtype, const float* alpha_device,
                  void* workspace, size_t workspace_bytes, char* err);
 // One cuBLASLt handle per device, created on first use; calls that set up a stream capture around
-// cublas_gemm hold cublas_lock() so that captures of two threads do not interleave.
+// cublas_gemm hold cublas_guard() so that captures of two threads do not interleave.
 void* cublas_handle(int device, char* err);
-void cublas_lock();
-void cublas_unlock();
+std::unique_lock<std::mutex> cublas_guard();
 // Device pointers to constants 0.0f and 1.0f (for cuBLAS device pointer mode).
 const float* device_constant_zero();
 const float* device_constant_one();

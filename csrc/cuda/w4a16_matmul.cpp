@@ -15,6 +15,7 @@
 #include "../primitives.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
+#include "mlx_memory.h"
 #include "w4a16_kernels.h"
 
 namespace mlx_fp4 {
@@ -26,8 +27,6 @@ using cuda::Path;
 
 // cuBLAS workspace per dequantize + GEMM call (its recommendation for Hopper).
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
-// Memory the default pool keeps mapped after synchronizations (see device_info).
-constexpr uint64_t kPoolReleaseThreshold = uint64_t(16) << 30;
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -36,80 +35,11 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
-// Our buffers are never freed in their deleter. MLX releases arrays from completion handlers on
-// other threads while its eval thread may be capturing cuBLAS calls (its mx.matmul, our GEMM) on
-// the same stream: a cudaFreeAsync landing in that capture puts a memory node into a child graph,
-// which CUDA rejects ("cudaGraphAddChildGraphNode ... operation not supported", seen in the
-// benchmark), and a cudaFree invalidates it. Checking cudaStreamIsCapturing in the deleter leaves a
-// race (a capture can begin right after the check), so the deleter only queues the pointer and
-// device_data(), which runs in eval_gpu outside any capture, frees the queue. By then the GPU is
-// done with those buffers: MLX keeps an array alive until the work that uses it has completed.
-struct PendingFree {
-  void* ptr;
-  cudaStream_t stream;
-  bool on_device;  // pool memory (cudaFreeAsync), else the unified copy MLX made for a host read
-};
-std::mutex g_deferred_mu;
-std::vector<PendingFree> g_deferred;
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
-}
-
-void free_now(const PendingFree& f) {
-  if (f.on_device) {
-    cudaFreeAsync(f.ptr, f.stream);
-    return;
-  }
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, f.ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
-    cudaFreeHost(f.ptr);
-  } else {
-    cudaFree(f.ptr);
-  }
-}
-
-void defer_free(const PendingFree& f) {
-  std::lock_guard<std::mutex> lock(g_deferred_mu);
-  g_deferred.push_back(f);
-}
-
-void free_deferred() {
-  std::lock_guard<std::mutex> lock(g_deferred_mu);
-  auto keep = g_deferred.begin();
-  for (auto it = g_deferred.begin(); it != g_deferred.end(); ++it) {
-    if (capturing(it->stream)) {
-      *keep++ = *it;
-    } else {
-      free_now(*it);
-    }
-  }
-  g_deferred.erase(keep, g_deferred.end());
-}
-
-// Device memory from the stream-ordered pool (the pool MLX also uses), owned by the array.
-// MLX's allocator::malloc returns managed memory, whose first touch on the GPU migrates pages.
-// If MLX later moves the buffer to unified memory for a host read, it frees the device copy
-// itself and sets device = -1; the deleter then frees the unified copy.
-mx::allocator::Data device_data(size_t bytes, cu::CommandEncoder& enc) {
-  cudaStream_t stream = enc.stream();
-  free_deferred();
-  void* ptr = nullptr;
-  if (bytes > 0) {
-    check_cuda(cudaMallocAsync(&ptr, bytes, stream), "cudaMallocAsync");
-  }
-  auto* buf = new cu::CudaBuffer{ptr, bytes, bytes > 0 ? enc.device().cuda_device() : -1};
-  return mx::allocator::Data(mx::allocator::Buffer(buf), [stream](mx::allocator::Buffer b) {
-    auto* cb = static_cast<cu::CudaBuffer*>(b.ptr());
-    if (cb->data) defer_free(PendingFree{cb->data, stream, cb->device >= 0});
-    delete cb;
-  });
-}
-
+// A temporary array in device memory from MLX's allocator (mlx_memory.h): counted by
+// mx.get_active_memory, and back in MLX's cache once the encoded work has run.
 mx::array device_array(const mx::Shape& shape, mx::Dtype dtype, cu::CommandEncoder& enc) {
   mx::array a(shape, dtype, nullptr, {});
-  a.set_data(device_data(a.nbytes(), enc));
+  a.set_data(cuda::device_data(a.nbytes(), enc));
   return a;
 }
 
@@ -128,20 +58,6 @@ cuda::DeviceInfo device_info(int device) {
     check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
-    // Our device buffers come from the device's default stream-ordered pool. With its default
-    // release threshold (0) the pool unmaps freed memory at every synchronization, so the large-M
-    // path's transient weight buffer would be mapped again on every call (measured: +250 us per
-    // 8192 x 8192 product). Keep freed memory in the pool instead; MLX trims its own cache when the
-    // pool's reserved memory approaches the device's.
-    cudaMemPool_t pool = nullptr;
-    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess && pool) {
-      uint64_t threshold = 0;
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-      if (threshold < kPoolReleaseThreshold) {
-        threshold = kPoolReleaseThreshold;
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-      }
-    }
     cuda::preload_kernels();
     cache[device] = d;
     have[device] = true;
@@ -159,19 +75,44 @@ void add_node(cu::CommandEncoder& enc, const Launch& l, Args& args) {
   enc.add_kernel_node_ex(l.func, l.grid, l.block, {}, l.smem, args);
 }
 
+// x as rows of K elements: itself when row-contiguous, else a copy made by a node of ours (ops.cpp
+// adds no Contiguous node for x on CUDA, since every graph node costs host time at each call).
+mx::array rows_of_x(const mx::array& x, cu::CommandEncoder& enc) {
+  if (x.flags().row_contiguous) return x;
+  if (x.ndim() > fp4::kMaxStridedXDims) {
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: strided x with more than 8 dimensions");
+  }
+  mx::array rows = device_array(x.shape(), x.dtype(), enc);
+  cuda::StridedCopyArgs c{};
+  c.src = mx::gpu_ptr<void>(x);
+  c.dst = mx::gpu_ptr<void>(rows);
+  c.elements = static_cast<int64_t>(x.size());
+  c.ndim = static_cast<int>(x.ndim());
+  for (int d = 0; d < c.ndim; ++d) {
+    c.shape[d] = x.shape(d);
+    c.strides[d] = x.strides()[d];
+  }
+  enc.set_input_array(x);
+  enc.set_output_array(rows);
+  add_node(enc, cuda::strided_copy_launch(c, static_cast<int>(x.itemsize())), c);
+  enc.add_temporary(rows);
+  return rows;
+}
+
 }  // namespace
 
 void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   auto& enc = cu::get_command_encoder(stream());
-  out.set_data(device_data(out.nbytes(), enc));
+  out.set_data(cuda::device_data(out.nbytes(), enc));
   const fp4::W4A16Problem p = problem(inputs, out);
   if (p.m == 0 || p.n == 0) {
     return;
   }
 
+  const mx::array x = rows_of_x(inputs[kInputX], enc);
   cuda::W4A16Args a{};
-  a.x = mx::gpu_ptr<void>(inputs[kInputX]);
+  a.x = mx::gpu_ptr<void>(x);
   a.w = mx::gpu_ptr<uint8_t>(inputs[kInputW]);
   a.scales = mx::gpu_ptr<uint8_t>(inputs[kInputScales]);
   a.global_scale = has_global_scale() ? mx::gpu_ptr<float>(inputs[kInputFirstOptional]) : nullptr;
@@ -192,6 +133,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
 
   if (plan.path == Path::kTensorCore || plan.path == Path::kSimt) {
     for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_input_array(x);
     enc.set_output_array(out);
     const Launch l = plan.path == Path::kTensorCore ? cuda::tc_launch(p, plan.tc, vec, plan.staged) : cuda::simt_launch(p, vec);
     add_node(enc, l, a);
@@ -199,7 +141,6 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   }
 
   // Large M: exact decode of W into x's dtype, dense GEMM in cuBLAS with fp32 accumulation.
-  const auto& x = inputs[kInputX];
   mx::array wd = device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
   cuda::DequantArgs d{a.w, a.scales, mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype};
   const bool dq_vec = vec && reinterpret_cast<uintptr_t>(d.out) % 16 == 0;
@@ -218,17 +159,14 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   enc.set_output_array(acc);
   char err[256] = {0};
   bool ok = false;
-  {
-    void* handle = cuda::cublas_handle(device, err);
-    if (handle) {
-      cuda::cublas_lock();
-      auto capture = enc.capture_context();
-      ok = cuda::cublas_gemm(handle, enc.stream(), p.m, p.n, p.k, a.x, d.out, p.x_dtype, mx::gpu_ptr<void>(acc),
-                             direct ? p.out_dtype : fp4::kDtypeF32, a.global_scale, mx::gpu_ptr<void>(ws),
-                             kCublasWorkspaceBytes, err);
-      capture.discard = !ok;
-      cuda::cublas_unlock();
-    }
+  if (void* handle = cuda::cublas_handle(device, err)) {
+    // The guard releases the lock also when the capture or the call throws.
+    const auto lock = cuda::cublas_guard();
+    auto capture = enc.capture_context();
+    ok = cuda::cublas_gemm(handle, enc.stream(), p.m, p.n, p.k, a.x, d.out, p.x_dtype, mx::gpu_ptr<void>(acc),
+                           direct ? p.out_dtype : fp4::kDtypeF32, a.global_scale, mx::gpu_ptr<void>(ws),
+                           kCublasWorkspaceBytes, err);
+    capture.discard = !ok;
   }
   if (!ok) {
     throw std::runtime_error(std::string("[W4A16Matmul] CUDA backend: ") + err);

@@ -28,7 +28,15 @@ struct MetalConfig {
   int bm = 0;                 // GEMM rows per threadgroup (0 for GEMV)
   int bk = 0;                 // GEMM strip depth (0 for GEMV)
   bool stage_scales = false;  // GEMM: stage each strip's scales in threadgroup memory
+  int mt = 0;                 // GEMV: rows of x per threadgroup (0: chosen from M)
 };
+
+// A boolean [[function_constant(index)]] the pipeline is specialized on.
+struct MetalBoolConstant {
+  int index = 0;
+  bool value = false;
+};
+FP4_CONST int kMetalMaxConstants = 4;
 
 // Byte addresses (or offsets from 16-byte aligned buffer starts) of the bound data. Only their
 // alignment matters: vector loads are enabled when every such load is naturally aligned.
@@ -49,6 +57,9 @@ struct MetalLaunch {
   std::string kernel_name;    // [[host_name]] of the specialization
   std::string library_name;   // MLX caches JIT libraries by name: one library per kernel
   std::string instantiation;  // MSL appended to the embedded source to instantiate it
+  std::string pipeline_name;  // the specialized pipeline: kernel name + function constants
+  int num_constants = 0;
+  MetalBoolConstant constants[kMetalMaxConstants];
   uint32_t grid = 0;          // threadgroups (1-D grid)
   uint32_t threads = 0;       // threads per threadgroup
   W4A16MetalParams params{};
@@ -89,7 +100,9 @@ inline int metal_ceil_log2(int64_t v) {
 // A/B measurement (MLX_FP4_METAL_KERNEL) and are tested in the sim like the rest.
 inline std::vector<MetalConfig> metal_all_configs() {
   std::vector<MetalConfig> v;
-  v.push_back({MetalKernel::kGemv, 0, 0, false});
+  for (int mt = 1; mt <= kMetalGemvMaxMt; mt *= 2) {
+    v.push_back({MetalKernel::kGemv, 0, 0, false, mt});
+  }
   for (int large = 0; large < 2; ++large) {
     for (int stage = 0; stage < 2; ++stage) {
       MetalConfig c;
@@ -105,8 +118,8 @@ inline std::vector<MetalConfig> metal_all_configs() {
 
 // The dispatch table (docs/metal.md). M = rows of x after flattening the batch dims.
 inline MetalConfig metal_choose_config(const W4A16Problem& p) {
-  if (p.m <= kMetalGemvMaxM) {
-    return {MetalKernel::kGemv, 0, 0, false};
+  if (p.m <= kMetalGemvAutoMaxM) {
+    return {MetalKernel::kGemv, 0, 0, false, metal_gemv_mt(int(p.m))};
   }
   if (p.m < kMetalLargeTileMinM) {
     return {MetalKernel::kGemm, kMetalSmallBM, kMetalSmallBK, false};
@@ -114,16 +127,21 @@ inline MetalConfig metal_choose_config(const W4A16Problem& p) {
   return {MetalKernel::kGemm, kMetalLargeBM, kMetalLargeBK, true};
 }
 
-// Parses a test/benchmark override of the kernel choice: "gemv", "gemm64", "gemm64s",
-// "gemm128", "gemm128s" ("s": staged scales). Empty or null: no override.
+// Parses a test/benchmark override of the kernel choice: "gemv" (rows of x per threadgroup
+// chosen from M), "gemv1", "gemv2", "gemv4", "gemv8", "gemv16", "gemm64", "gemm64s", "gemm128",
+// "gemm128s" ("s": staged scales). Empty or null: no override.
 inline bool metal_parse_override(const char* text, MetalConfig* out) {
   if (text == nullptr || text[0] == '\0') {
     return false;
   }
   const std::string s(text);
+  if (s == "gemv") {
+    *out = {MetalKernel::kGemv, 0, 0, false, 0};
+    return true;
+  }
   for (const MetalConfig& c : metal_all_configs()) {
     std::string name = c.kernel == MetalKernel::kGemv
-        ? std::string("gemv")
+        ? "gemv" + std::to_string(c.mt)
         : "gemm" + std::to_string(c.bm) + (c.stage_scales ? "s" : "");
     if (name == s) {
       *out = c;
@@ -131,14 +149,14 @@ inline bool metal_parse_override(const char* text, MetalConfig* out) {
     }
   }
   throw std::invalid_argument(
-      "[w4a16_matmul] MLX_FP4_METAL_KERNEL must be one of gemv, gemm64, gemm64s, gemm128, "
-      "gemm128s but got '" + s + "'.");
+      "[w4a16_matmul] MLX_FP4_METAL_KERNEL must be one of gemv, gemv1, gemv2, gemv4, gemv8, "
+      "gemv16, gemm64, gemm64s, gemm128, gemm128s but got '" + s + "'.");
 }
 
 inline std::string metal_kernel_name(const MetalConfig& c, int x_dtype, int out_dtype) {
   std::string name = "mlx_fp4_w4a16_";
   if (c.kernel == MetalKernel::kGemv) {
-    name += "gemv";
+    name += "gemv_mt" + std::to_string(c.mt);
   } else {
     name += "gemm_bm" + std::to_string(c.bm) + "_bk" + std::to_string(c.bk) +
         (c.stage_scales ? "_s1" : "_s0");
@@ -152,7 +170,7 @@ inline std::string metal_instantiation(const MetalConfig& c, int x_dtype, int ou
   std::string fn;
   if (c.kernel == MetalKernel::kGemv) {
     fn = std::string("w4a16_gemv<") + metal_type_name(x_dtype) + ", " +
-        metal_type_name(out_dtype) + ">";
+        metal_type_name(out_dtype) + ", " + std::to_string(c.mt) + ">";
   } else {
     fn = std::string("w4a16_gemm<") + metal_type_name(x_dtype) + ", " +
         metal_type_name(out_dtype) + ", " + std::to_string(c.bm) + ", " + std::to_string(c.bk) +
@@ -191,6 +209,9 @@ inline MetalLaunch metal_plan(
 
   MetalLaunch l;
   l.config = force != nullptr ? *force : metal_choose_config(p);
+  if (l.config.kernel == MetalKernel::kGemv && l.config.mt == 0) {
+    l.config.mt = metal_gemv_mt(int(p.m));
+  }
   const MetalConfig& c = l.config;
   if (c.kernel == MetalKernel::kGemv && p.m > kMetalGemvMaxM) {
     throw std::invalid_argument(
@@ -233,10 +254,19 @@ inline MetalLaunch metal_plan(
   }
 
   if (c.kernel == MetalKernel::kGemv) {
-    q.tiles_m = 1;
-    q.tiles_n = int((p.n + kMetalGemvSimdgroups - 1) / kMetalGemvSimdgroups);
-    l.grid = uint32_t(q.tiles_n);
-    l.threads = uint32_t(kMetalGemvSimdgroups * kMetalSimdWidth);
+    const int cols = kMetalGemvSimdgroups * metal_gemv_rows(c.mt);  // weight rows per group
+    q.tiles_m = int((p.m + c.mt - 1) / c.mt);
+    q.tiles_n = int((p.n + cols - 1) / cols);
+    if (int64_t(q.tiles_m) * q.tiles_n > int64_t(0x7fffffff)) {
+      throw std::runtime_error("[w4a16_matmul] Metal backend: too many GEMV threadgroups; split "
+                               "the call.");
+    }
+    l.grid = uint32_t(q.tiles_m) * uint32_t(q.tiles_n);
+    l.threads = uint32_t(kMetalGemvThreads);
+    // Aligned loads: 8-byte weight words, 4-element x vectors (rows and buffer offsets).
+    const bool aligned = p.w_row_bytes % 8 == 0 && addr.w % 8 == 0 && p.k % 4 == 0 &&
+        addr.x % uint64_t(4 * xs) == 0;
+    l.constants[l.num_constants++] = {kMetalFcGemvAligned, aligned};
   } else {
     q.tiles_m = int((p.m + c.bm - 1) / c.bm);
     q.tiles_n = int((p.n + kMetalBN - 1) / kMetalBN);
@@ -277,6 +307,11 @@ inline MetalLaunch metal_plan(
 
   l.kernel_name = metal_kernel_name(c, p.x_dtype, p.out_dtype);
   l.library_name = l.kernel_name;
+  l.pipeline_name = l.kernel_name;
+  for (int i = 0; i < l.num_constants; ++i) {
+    l.pipeline_name += "_fc" + std::to_string(l.constants[i].index) +
+        (l.constants[i].value ? "t" : "f");
+  }
   l.instantiation = metal_instantiation(c, p.x_dtype, p.out_dtype);
   return l;
 }

@@ -35,6 +35,14 @@ enum MetalFlag : int {
   kMetalFlagScaleWord = 32,   // GEMM: a strip's BK / 16 scale bytes of a row form one aligned word
 };
 
+// [[function_constant(n)]] indices. The host specializes each pipeline on them (MLX's
+// get_kernel with a function-constant list), so the kernels' alignment choices are resolved at
+// pipeline creation, not branched on in the inner loops.
+enum MetalFunctionConstant : int {
+  // GEMV: weight rows are 8-byte words and x rows 16-byte aligned (aligned loads).
+  kMetalFcGemvAligned = 0,
+};
+
 struct W4A16MetalParams {
   int m;                // rows of x and of the output
   int n;                // output columns = weight rows

@@ -3,6 +3,7 @@
 // specialization it names from the embedded MSL (cached by MLX per library name), binds the
 // buffers and dispatches. Kernel choice: docs/metal.md.
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "../primitives.h"
@@ -43,7 +44,24 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   auto* lib = d.get_library(launch.library_name, [&launch]() {
     return std::string(metal_source()) + launch.instantiation;
   });
-  auto* kernel = d.get_kernel(launch.kernel_name, lib);
+  // Function constants (alignment) specialize the pipeline; MLX caches it by pipeline_name.
+  bool values[fp4::kMetalMaxConstants];
+  mx::metal::MTLFCList constants;
+  for (int i = 0; i < launch.num_constants; ++i) {
+    values[i] = launch.constants[i].value;
+    constants.emplace_back(&values[i], MTL::DataType::DataTypeBool,
+                           NS::UInteger(launch.constants[i].index));
+  }
+  auto* kernel = d.get_kernel(launch.kernel_name, lib, launch.pipeline_name, constants);
+  // The compiled pipeline may allow fewer threads than the kernel's
+  // [[max_total_threads_per_threadgroup]] (register pressure); never dispatch more.
+  if (kernel->maxTotalThreadsPerThreadgroup() < launch.threads) {
+    throw std::runtime_error(
+        "[w4a16_matmul] Metal pipeline " + launch.pipeline_name + " allows " +
+        std::to_string(kernel->maxTotalThreadsPerThreadgroup()) + " threads per threadgroup, "
+        "the launch needs " + std::to_string(launch.threads) + "; set MLX_FP4_METAL_KERNEL to "
+        "another kernel.");
+  }
 
   auto& enc = mx::metal::get_command_encoder(s);
   enc.set_compute_pipeline_state(kernel);

@@ -1,64 +1,17 @@
 // W4A16 NVFP4 matmul kernels for Apple GPUs: out = epilogue(gs * (x @ dequant(w, scales)^T)).
 // x [M, K] (float, half or bfloat, rows contiguous); w [N, w_row_bytes] packed E2M1, low nibble
 // = even k; scales [N, scale_row_bytes] E4M3 bytes, one per 16 columns; out [M, N].
-// Kernels: w4a16_gemm (fused cooperative decode + simdgroup MMA, BN = 64, (BM, BK) = (128, 64)
-// or (64, 32), optional staged scales) and w4a16_gemv (M <= 4, registers only). The host picks
+// Kernel: w4a16_gemm (fused cooperative decode + simdgroup MMA, BN = 64, (BM, BK) = (128, 64)
+// or (64, 32), optional staged scales); the vector path is w4a16_gemv.metal. The host picks
 // one in w4a16_dispatch.h; kernels are instantiated at JIT time by lines that
 // fp4::metal_instantiation() writes. Tile constants: csrc/shared/tiling_metal.h.
 // The file must stay ASCII (MLX hands the source to Metal as an ASCII string).
 #include <metal_stdlib>
 
-#include "w4a16_kernel_abi.h"
-#include "../shared/fp4_format.h"
-#include "../shared/w4a16_problem.h"
+#include "w4a16_device.h"
 
 using namespace metal;
 using namespace fp4;
-
-// ---------------------------------------------------------------------------------------------
-// Epilogue and output
-
-// Reads element `off` of an epilogue operand of dtype `dtype` (OperandDtype) as fp32.
-inline float load_operand(device const uchar* base, int dtype, long off) {
-  if (dtype == kDtypeF32) {
-    return ((device const float*)base)[off];
-  }
-  if (dtype == kDtypeF16) {
-    return float(((device const half*)base)[off]);
-  }
-  return float(((device const bfloat*)base)[off]);
-}
-
-// The fp32 value stored at out[row, col]: global scale, then the epilogue chain in order.
-inline float finish_value(
-    float v,
-    int row,
-    int col,
-    constant W4A16MetalParams& p,
-    device const float* gscale,
-    device const uchar* op0,
-    device const uchar* op1,
-    device const uchar* op2,
-    device const uchar* op3) {
-  if ((p.flags & kMetalFlagGlobalScale) != 0) {
-    v *= gscale[0];
-  }
-  for (int i = 0; i < p.num_ops; ++i) {
-    const int code = p.ops[i].code;
-    const int which = p.ops[i].operand;
-    const float p0 = p.ops[i].p0;
-    const float p1 = p.ops[i].p1;
-    // Ops without a tensor operand take their constant from p0 (add/mul by a Python float).
-    float operand = p0;
-    if (which >= 0) {
-      device const uchar* base = which == 0 ? op0 : which == 1 ? op1 : which == 2 ? op2 : op3;
-      const long off = operand_offset(p.operand_kind[which], row, col, p.n);
-      operand = load_operand(base, p.operand_dtype[which], off);
-    }
-    v = epilogue_apply(code, v, operand, p0, p1);
-  }
-  return v;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Fused GEMM
@@ -71,7 +24,9 @@ struct ARows {
 
 // Decodes one 16-column scale block of weight row n, columns [kb, kb + 16), times scale s, into
 // 16 halfs at dst. Every product of an E2M1 value and an E4M3 scale is exact in half (at most 6
-// significant bits, magnitude in [2^-10, 2688]), so the tile holds the exact weights.
+// significant bits, magnitude in [2^-10, 2688]), so the tile holds the exact weights. The codes
+// are bit-built halves (fp4_format.h), two per 32-bit op; times 2^14 (exact: normal halves of
+// the E2M1 values) and times s (exact), two weights per half2 multiply.
 // CHECKED = false: the block lies inside the matrix and the 8 packed bytes are one aligned word.
 // CHECKED = true: byte loads; entries with n >= N or k >= K are zero and read nothing.
 template <bool CHECKED>
@@ -81,17 +36,20 @@ inline void decode_block16(
     constant W4A16MetalParams& p,
     int n,
     int kb,
-    float s) {
+    half s) {
   if (!CHECKED) {
     const uint2 q = *((device const uint2*)(w + long(n) * p.w_row_bytes + kb / 2));
-    for (int g = 0; g < 4; ++g) {
-      const uint word = g < 2 ? q.x : q.y;
-      const uint shift0 = uint(g % 2) * 16u;
-      half4 v;
-      for (int e = 0; e < 4; ++e) {
-        v[e] = half(e2m1_to_float(word >> (shift0 + 4u * uint(e))) * s);
+    const half2 unscale = half2(half(kE2M1HalfUnscale));
+    const half2 s2 = half2(s);
+    for (int wd = 0; wd < 2; ++wd) {
+      const uint word = wd == 0 ? q.x : q.y;
+      half2 h[4];
+      for (int j = 0; j < 4; ++j) {
+        h[j] = as_type<half2>(e2m1_pair_half_bits(word, j)) * unscale * s2;
       }
-      *((threadgroup half4*)(dst + 4 * g)) = v;
+      // pair j holds codes j (low half) and j + 4 (high half) of the word
+      *((threadgroup half4*)(dst + 8 * wd)) = half4(h[0].x, h[1].x, h[2].x, h[3].x);
+      *((threadgroup half4*)(dst + 8 * wd + 4)) = half4(h[0].y, h[1].y, h[2].y, h[3].y);
     }
   } else {
     const bool row_ok = n < p.n;
@@ -100,24 +58,24 @@ inline void decode_block16(
       half4 v;
       for (int e = 0; e < 4; ++e) {
         const int k = kb + 4 * g + e;
-        float val = 0.0f;
+        half val = half(0.0f);
         if (row_ok && k < p.k) {
           const uint byte = wrow[k / 2];
-          val = e2m1_to_float(byte >> (uint(k % 2) * 4u)) * s;
+          val = e2m1_f16(byte >> (uint(k % 2) * 4u)) * s;
         }
-        v[e] = half(val);
+        v[e] = val;
       }
       *((threadgroup half4*)(dst + 4 * g)) = v;
     }
   }
 }
 
-// Scale of weight row n, block kb / 16, as fp32; 0 when the block lies outside the matrix.
-inline float load_scale(device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
+// Scale of weight row n, block kb / 16, as half (exact); 0 when the block lies outside.
+inline half load_scale(device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
   if (n >= p.n || kb >= p.k) {
-    return 0.0f;
+    return half(0.0f);
   }
-  return e4m3_to_float(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
+  return block_scale_f16(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
 }
 
 // Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
@@ -223,7 +181,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
 
   // half4 elements so that the half4 stores of the decode are aligned.
   threadgroup half4 bs4[kNumBuf * kMetalBN * kLd / 4];
-  threadgroup float ss[STAGE ? kMetalBN * kBlocks : 1];
+  threadgroup half ss[STAGE ? kMetalBN * kBlocks : 1];
 
   const MortonTile tile = morton_decode(tg_index, p.log2_grid_m, p.log2_grid_n);
   if (int(tile.m) >= p.tiles_m || int(tile.n) >= p.tiles_n) {
@@ -270,7 +228,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
           const ScaleWordT word = *((device const ScaleWordT*)(
               scales + long(n0 + tid) * p.scale_row_bytes + s * kBlocks));
           for (int b = 0; b < kBlocks; ++b) {
-            ss[tid * kBlocks + b] = e4m3_to_float((uint(word) >> (8u * uint(b))) & 0xFFu);
+            ss[tid * kBlocks + b] = block_scale_f16((uint(word) >> (8u * uint(b))) & 0xFFu);
           }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -292,7 +250,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     {
       const int kb = dblk * kMetalDecodeCols;
       threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
-      const float sc = load_scale(scales, p, n0 + dn, kb);
+      const half sc = load_scale(scales, p, n0 + dn, kb);
       if (w_fast && 0 < full_strips) {
         decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
       } else {
@@ -305,7 +263,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
         const int kb = (s + 1) * BK + dblk * kMetalDecodeCols;
         threadgroup half* dst =
             bs + ((s + 1) % 2) * kMetalBN * kLd + dn * kLd + dblk * kMetalDecodeCols;
-        const float sc = load_scale(scales, p, n0 + dn, kb);
+        const half sc = load_scale(scales, p, n0 + dn, kb);
         if (w_fast && s + 1 < full_strips) {
           decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
         } else {
@@ -353,92 +311,6 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
         }
       } else {
         out[idx] = OutT(v0);
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// GEMV (M <= kMetalGemvMaxM)
-
-// One simdgroup per output column n, no threadgroup memory and no barriers. Lane l owns the
-// 16-column blocks l, l + 32, ...: one 8-byte weight load and one scale per block, decoded in
-// registers, dotted with up to kMetalGemvMaxM rows of x; simd_sum reduces the lanes.
-template <typename XT, typename OutT>
-[[kernel]] void w4a16_gemv(
-    device const XT* x [[buffer(kMetalBufX)]],
-    device const uchar* w [[buffer(kMetalBufW)]],
-    device const uchar* scales [[buffer(kMetalBufScales)]],
-    device OutT* out [[buffer(kMetalBufOut)]],
-    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
-    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
-    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
-    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
-    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
-    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
-    uint tg_index [[threadgroup_position_in_grid]],
-    uint sgid [[simdgroup_index_in_threadgroup]],
-    uint lane [[thread_index_in_simdgroup]]) {
-  const int n = int(tg_index) * kMetalGemvSimdgroups + int(sgid);
-  if (n >= p.n) {
-    return;  // the whole simdgroup leaves; this kernel has no threadgroup barrier
-  }
-  const bool w_vec = (p.flags & kMetalFlagWVec8) != 0;
-  const bool x_vec = (p.flags & kMetalFlagXVec4) != 0;
-  const int num_blocks = (p.k + kBlockSize - 1) / kBlockSize;
-  device const uchar* wrow = w + long(n) * p.w_row_bytes;
-  device const uchar* srow = scales + long(n) * p.scale_row_bytes;
-
-  float acc[kMetalGemvMaxM];
-  for (int r = 0; r < kMetalGemvMaxM; ++r) {
-    acc[r] = 0.0f;
-  }
-  for (int b = int(lane); b < num_blocks; b += kMetalSimdWidth) {
-    const int kb = b * kBlockSize;
-    const bool full = kb + kBlockSize <= p.k;
-    const float s = e4m3_to_float(srow[b]);
-    float wv[kBlockSize];
-    if (full && w_vec) {
-      const uint2 q = *((device const uint2*)(wrow + kb / 2));
-      for (int i = 0; i < kBlockSize; ++i) {
-        const uint word = i < 8 ? q.x : q.y;
-        wv[i] = e2m1_to_float(word >> (4u * uint(i % 8))) * s;
-      }
-    } else {
-      for (int i = 0; i < kBlockSize; ++i) {
-        const int k = kb + i;
-        wv[i] = k < p.k ? e2m1_to_float(uint(wrow[k / 2]) >> (uint(k % 2) * 4u)) * s : 0.0f;
-      }
-    }
-    for (int r = 0; r < kMetalGemvMaxM; ++r) {
-      if (r < p.m) {
-        device const XT* xr = x + long(r) * p.k + kb;
-        float d = 0.0f;
-        if (full && x_vec) {
-          for (int q4 = 0; q4 < kBlockSize / 4; ++q4) {
-            const vec<XT, 4> t = *((device const vec<XT, 4>*)(xr + 4 * q4));
-            d += float(t.x) * wv[4 * q4] + float(t.y) * wv[4 * q4 + 1] +
-                float(t.z) * wv[4 * q4 + 2] + float(t.w) * wv[4 * q4 + 3];
-          }
-        } else {
-          for (int i = 0; i < kBlockSize; ++i) {
-            if (kb + i < p.k) {
-              d += float(xr[i]) * wv[i];
-            }
-          }
-        }
-        acc[r] += d;
-      }
-    }
-  }
-  for (int r = 0; r < kMetalGemvMaxM; ++r) {
-    acc[r] = simd_sum(acc[r]);
-  }
-  if (lane == 0) {
-    for (int r = 0; r < kMetalGemvMaxM; ++r) {
-      if (r < p.m) {
-        const float v = finish_value(acc[r], r, n, p, gscale, op0, op1, op2, op3);
-        out[long(r) * p.n + n] = OutT(v);
       }
     }
   }

@@ -57,6 +57,41 @@ FP4_FN float e4m3_to_float(uint32_t code) {
   return (code & kE4M3SignBit) ? -v : v;
 }
 
+// Bit-built half decode (the Metal kernels; MLX's fp4.h builds its halves the same way).
+// Two E2M1 codes become one 32-bit word of two IEEE half bit patterns: magnitude bits 0..2 go to
+// half bits 9..11 and the sign bit to bit 15, so the half is the E2M1 value times 2^-14, exactly
+// (+-0.5 becomes the half subnormal 2^-15: Apple GPUs keep half subnormals). Five 32-bit integer
+// ops per two weights, no conversion, no per-code arithmetic.
+FP4_CONST uint32_t kHalf2E2M1MagMask = 0x0E000E00u;   // half bits 9..11 of both halves
+FP4_CONST uint32_t kHalf2E2M1SignMask = 0x80008000u;  // half bit 15 of both halves
+FP4_CONST int kE2M1HalfMagShift = 9;                  // code bit 0 -> half bit 9
+FP4_CONST int kE2M1HalfSignShift = 12;                // code bit 3 -> half bit 15
+// The bit-built half times this is the E2M1 value: 2^14.
+FP4_CONST float kE2M1HalfUnscale = 16384.0f;
+
+// Shift left by s bits, or right by -s bits (s is a compile-time constant in the kernels).
+FP4_FN uint32_t shift_bits(uint32_t v, int s) { return s >= 0 ? v << uint32_t(s) : v >> uint32_t(-s); }
+
+// Codes j and j + 4 (j = 0..3) of an 8-code word (code i = bits 4i..4i+3, as packed in memory,
+// low nibble first) as two half bit patterns: the low half holds code j, the high half code j + 4.
+FP4_FN uint32_t e2m1_pair_half_bits(uint32_t word, int j) {
+  const int nib = kNibbleBits * j;
+  return (shift_bits(word, kE2M1HalfMagShift - nib) & kHalf2E2M1MagMask) |
+         (shift_bits(word, kE2M1HalfSignShift - nib) & kHalf2E2M1SignMask);
+}
+
+// E4M3FN byte as a half bit pattern of its value times 2^-8 (exponent bias 7 vs 15; E4M3
+// subnormals map to half subnormals), exact; NaN (0x7F/0xFF) as a half NaN.
+FP4_CONST uint32_t kHalfE4M3Shift = 7;          // E4M3 bits 0..6 -> half bits 7..13
+FP4_CONST uint32_t kHalfSignShiftFromByte = 8;  // E4M3 bit 7 -> half bit 15
+FP4_CONST uint32_t kHalfQuietNaN = 0x7E00u;
+FP4_CONST float kE4M3HalfUnscale = 256.0f;      // 2^8
+FP4_FN uint32_t e4m3_half_bits(uint32_t code) {
+  const uint32_t mag = code & kE4M3MagMask;
+  const uint32_t sign = (code & kE4M3SignBit) << kHalfSignShiftFromByte;
+  return (mag == kE4M3NaNMag ? kHalfQuietNaN : (mag << kHalfE4M3Shift)) | sign;
+}
+
 // Round-to-nearest-even thresholds of E2M1 on |x|: code c+1 wins when |x| passes
 // kE2M1Edges[c]; "inclusive" edges are ties that round up to an even mantissa.
 FP4_CONST int kE2M1NumEdges = 7;

@@ -11,27 +11,13 @@ from ._version_check import check_mlx_version as _check_mlx_version
 
 _check_mlx_version()
 
-from ._ext import (  # noqa: E402
-    EPILOGUE_OPS,
-    build_info,
-    cpu_info,
-    dequantize,
-    quantize,
-    w4a16_matmul,
-    w4a16_matmul_reference_ops,
-)
+from . import ops as _ops  # noqa: E402
+from .ops import *  # noqa: E402,F401,F403  (the core ops: w4a16_matmul, quantize, ...)
 
-__all__ = [
-    "EPILOGUE_OPS",
-    "build_info",
-    "cpu_info",
-    "dequantize",
-    "quantize",
-    "w4a16_matmul",
-    "w4a16_matmul_reference_ops",
-]
-from . import distributed, nn  # noqa: E402
+__all__ = list(_ops.__all__)
+from . import checkpoints, convert, distributed, formats, layers, nn  # noqa: E402
 from .checkpoints import NVFP4Weights, load_nvfp4, save_nvfp4  # noqa: E402
 
-__all__ += ["distributed", "nn", "load_nvfp4", "save_nvfp4", "NVFP4Weights"]
+__all__ += ["checkpoints", "convert", "distributed", "formats", "layers", "nn"]
+__all__ += ["load_nvfp4", "save_nvfp4", "NVFP4Weights"]
 __version__ = "0.1.0"

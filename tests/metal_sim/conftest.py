@@ -27,3 +27,18 @@ def sim_runner():
 def embedded_msl(tmp_path_factory):
     require_toolchain()
     return simbuild.embedded_msl(tmp_path_factory.mktemp("embed"))
+
+
+@pytest.fixture(scope="session")
+def mlx_runner():
+    """Runner with MLX 0.32.4's own nvfp4 kernels (mlx_kernels.py). Skips when the wheel cannot
+    be downloaded, except on CI, where it fails."""
+    require_toolchain()
+    import mlx_kernels
+
+    try:
+        return mlx_kernels.build_runner()
+    except mlx_kernels.Unavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))

@@ -166,22 +166,59 @@ def instantiation_lines(only=()):
     return _run([str(exe), *only]).splitlines()
 
 
-def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(), extra_tu=""):
+def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(), extra_tu="",
+                 count=False):
     """Returns the path of a runner built from `source` (default: the embedded MSL) with the
-    instantiations named in `only` (default: all), cached by content."""
-    cxx = compiler()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    work_tmp = CACHE / "embed"
-    work_tmp.mkdir(exist_ok=True)
+    instantiations named in `only` (default: all), cached by content (count: the cost-model
+    build)."""
     if source is None:
+        work_tmp = CACHE / "embed"
+        work_tmp.mkdir(parents=True, exist_ok=True)
         source = embedded_msl(work_tmp)
     lines = instantiation_lines(only)
     if not lines:
         raise BuildError(f"no kernel instantiations match {only}")
-    groups = groups or max(1, min(len(lines), os.cpu_count() or 2))
+    return build_source_runner(name, source, lines, groups, extra_flags, extra_tu, count)
+
+
+# The counting build (costmodel.py): LLVM IR as the optimizer leaves it for a scalar machine
+# (no auto-vectorization: a Metal thread is scalar), half/bfloat arithmetic kept in half/bfloat
+# (no excess precision: Apple GPUs have native 16-bit ALUs), no sanitizer checks; ir_count.py
+# instruments it, and the IR is then compiled as it is.
+COUNT_FLAGS = ["-std=c++20", "-O2", "-pthread", "-fno-strict-aliasing", "-fno-exceptions",
+               "-fno-vectorize", "-fno-slp-vectorize", "-Xclang",
+               "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none",
+               "-mllvm", "-unroll-threshold=4000", "-Wno-unknown-attributes", "-S", "-emit-llvm"]
+
+
+def _count_compile(cxx, kernel_flags, tu, obj):
+    """Compile one kernel TU for counting: IR, instrumented, then an object. Writes the static
+    block classes next to the object."""
+    import json
+
+    import ir_count
+
+    ll = tu.with_suffix(".ll")
+    _run([cxx, *COUNT_FLAGS, *kernel_flags, "-c", str(tu), "-o", str(ll)])
+    text, blocks = ir_count.instrument(ll.read_text())
+    ll.write_text(text)
+    obj.with_suffix(".blocks.json").write_text(json.dumps(blocks))
+    _run([cxx, "-O1", "-c", str(ll), "-o", str(obj)])
+
+
+def build_source_runner(name, source, lines, groups=None, extra_flags=(), extra_tu="",
+                        count=False):
+    """A runner for MSL `source` plus the instantiation `lines`, split over `groups`
+    translation units compiled in parallel; cached by content. count: the counting build
+    (cost model; one translation unit, block classes in blocks.json next to the runner)."""
+    cxx = compiler()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    groups = 1 if count else groups or max(1, min(len(lines), os.cpu_count() or 2))
     key = _digest([cxx, _run([cxx, "--version"]), *COMMON_FLAGS, *KERNEL_FLAGS, *extra_flags,
                    source, *lines, groups, extra_tu, (SIM / "msl_prep.py").read_bytes(),
-                   *_tree_bytes(host_inputs())])
+                   *_tree_bytes(host_inputs()), count,
+                   *(COUNT_FLAGS if count else []),
+                   (SIM / "ir_count.py").read_bytes() if count else b""])
     out_dir = CACHE / f"{name}-{key}"
     runner = out_dir / "runner"
     if runner.exists():
@@ -205,18 +242,26 @@ def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(
             raise BuildError(r.stderr)
         tu = tmp_dir / f"kernels_g{g}.cpp"
         tu.write_text(KERNEL_TU.format(metal_cpp=cpp.name, sig=sig.name,
-                                       extra=(ABI_EXPORT if g == 0 else "") + extra_tu))
-        jobs.append(([cxx, *COMMON_FLAGS, *KERNEL_FLAGS, *extra_flags, *inc, "-c", str(tu), "-o",
-                      str(tu.with_suffix(".o"))], tu.with_suffix(".o")))
+                                       extra=(ABI_EXPORT if g == 0 and "W4A16MetalParams" in
+                                              source else "") + extra_tu))
+        jobs.append((tu, tu.with_suffix(".o")))
 
+    kflags = [*KERNEL_FLAGS, *extra_flags, *inc]
     host_flags = COMMON_FLAGS + [f"-I{SIM / 'include'}", f"-I{CSRC}"]
+    host_srcs = ["runtime", "runner"] + (["counters"] if count else [])
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
-        host_objs = [ex.submit(_object, cxx, SIM / "src" / "runtime.cpp", host_flags, "runtime"),
-                     ex.submit(_object, cxx, SIM / "src" / "runner.cpp", host_flags, "runner")]
-        futs = [ex.submit(_run, cmd) for cmd, _ in jobs]
+        host_objs = [ex.submit(_object, cxx, SIM / "src" / f"{h}.cpp", host_flags, h)
+                     for h in host_srcs]
+        if count:
+            futs = [ex.submit(_count_compile, cxx, kflags, tu, o) for tu, o in jobs]
+        else:
+            futs = [ex.submit(_run, [cxx, *COMMON_FLAGS, *kflags, "-c", str(tu), "-o", str(o)])
+                    for tu, o in jobs]
         for f in futs:
             f.result()
         objs = [o for _, o in jobs] + [f.result() for f in host_objs]
+    if count:
+        shutil.copy(objs[0].with_suffix(".blocks.json"), tmp_dir / "blocks.json")
     _run([cxx, *COMMON_FLAGS, *map(str, objs), "-o", str(tmp_dir / "runner"), "-ldl"])
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp_dir.replace(out_dir)

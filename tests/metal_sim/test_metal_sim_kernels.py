@@ -54,6 +54,11 @@ GEMV_SHAPES = [
     (4, 41, 600, "aligned"),
     (4, 17, 999, "start"),
     (1, 100, 1024, "aligned"),
+    (5, 19, 15, "end"),
+    (8, 40, 513, "aligned"),
+    (11, 37, 64, "start"),
+    (16, 70, 256, "aligned"),
+    (13, 66, 1000, "end"),
 ]
 
 
@@ -61,8 +66,16 @@ GEMV_SHAPES = [
 def test_gemv_shapes(sim_runner, tmp_path, m, n, k, guard):
     plan = check(sim_runner, tmp_path, m, n, k, force="gemv", guard=guard)
     assert "_gemv_" in plan["kernel"][0]
-    if guard == "aligned" and k % 16 == 0:
-        assert int(plan["flags"][0]) & (4 | 8) == 4 | 8  # x vec4, w vec8
+    aligned = guard != "end" and k % 16 == 0  # "start" and "aligned" are 16-byte aligned
+    assert plan["pipeline"][0].endswith("_fc0t" if aligned else "_fc0f")
+
+
+# Every GEMV tile height MT on one problem (M rows split over ceil(M / MT) threadgroup rows).
+@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16"])
+@pytest.mark.parametrize("guard", ["end", "aligned"])
+def test_gemv_tile_heights(sim_runner, tmp_path, force, guard):
+    plan = check(sim_runner, tmp_path, 7, 45, 160, force=force, guard=guard, epilogue="bias_silu")
+    assert f"_gemv_mt{force[4:]}_" in plan["kernel"][0]
 
 
 # Every config x out dtype x epilogue chain, on a ragged shape.
@@ -129,6 +142,30 @@ def test_special_values(sim_runner, tmp_path, force, k):
 # The automatic kernel choice around its thresholds (docs/metal.md), end to end.
 
 
-@pytest.mark.parametrize("m", [1, 4, 5, 255, 256, 300])
+@pytest.mark.parametrize("m", [1, 4, 5, 16, 17, 255, 256, 300])
 def test_auto_dispatch_runs(sim_runner, tmp_path, m):
     check(sim_runner, tmp_path, m, 70, 40, force="auto", epilogue="bias_silu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exactness of the bit-built decode: all 16 E2M1 codes x all 256 E4M3 scale bytes.
+
+
+@pytest.mark.parametrize("force", ["gemv16"] + GEMM_CONFIGS)
+@pytest.mark.parametrize("guard", ["end", "aligned"])
+def test_all_code_scale_pairs_exact(sim_runner, tmp_path, force, guard):
+    """x = the 16 x 16 identity, weight row n = codes 0..15 with scale byte n: out[m, n] is the
+    decoded weight e2m1(m) * e4m3(n) itself, which must equal ml_dtypes' decode exactly (NaN for
+    the NaN scale bytes 0x7F and 0xFF)."""
+    import reference as ref
+
+    k, n = 16, 256
+    x = np.eye(k)
+    codes = np.tile(np.arange(16, dtype=np.uint8), (n, 1))
+    packed = ref.pack_nibbles(codes)
+    scales = np.arange(n, dtype=np.uint8).reshape(n, 1)
+    out, plan = sc.run_case(sim_runner, tmp_path / "case", m=k, n=n, k=k, x=x, w_packed=packed,
+                            scales=scales, x_dtype=sc.F32, out_dtype=sc.F32, force=force,
+                            guard=guard)
+    want = ref.decode_weights(packed, scales, k).T  # [k, n]: code m of row n
+    assert np.array_equal(out, want, equal_nan=True), plan["kernel"]

@@ -1,4 +1,8 @@
-"""CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR]."""
+"""CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR].
+
+python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
+python -m mlx_fp4.bench metal-report [...]: correctness + speed report for Apple GPUs (bench/metal_report.py).
+python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py)."""
 
 import argparse
 import math
@@ -43,7 +47,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+# Subcommands, each a module of this package with its own main(argv).
+SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe"}
+
+
 def main(argv=None) -> int:
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    if argv_list[:1] and argv_list[0] in SUBCOMMANDS:
+        import importlib
+
+        module = importlib.import_module(f".{SUBCOMMANDS[argv_list[0]]}", __package__)
+        return module.main(argv_list[1:])
     args = parse_args(argv)
     device = args.device or ("gpu" if _gpu_available() else "cpu")
     if device == "gpu" and not _gpu_available():

@@ -10,6 +10,9 @@
 //   runner list                                       registered kernels
 //   runner raw KERNEL GX TG SLOT:BYTES[:FILE] ...     run any kernel; prints slot 0 as floats
 //                                                     (buffer placement: $MSIM_GUARD)
+//   runner exec SPEC          run any kernel as a host program would: 3-D grid and threadgroup,
+//                             buffers from files, outputs (NaN-poisoned) to files, function
+//                             constants (MLX's kernels; tests/metal_sim/mlx_launch.py)
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +47,12 @@ msim::Buffer* buffer_from(const std::vector<char>& bytes, const std::string& nam
   return b;
 }
 
+msim::Guard parse_guard(const std::string& name) {
+  return name == "start" ? msim::Guard::kStart
+       : name == "aligned" ? msim::Guard::kAligned16
+                           : msim::Guard::kEnd;
+}
+
 void print_launch(const fp4::MetalLaunch& l, std::ostream& os) {
   const fp4::W4A16MetalParams& q = l.params;
   os << "kernel " << l.kernel_name << "\n"
@@ -52,6 +61,7 @@ void print_launch(const fp4::MetalLaunch& l, std::ostream& os) {
      << "tiles " << q.tiles_m << " " << q.tiles_n << "\n"
      << "log2_grid " << q.log2_grid_m << " " << q.log2_grid_n << "\n"
      << "flags " << q.flags << "\n"
+     << "pipeline " << l.pipeline_name << "\n"
      << "bindings";
   for (int s = 0; s < fp4::kMetalNumBuffers; ++s) os << " " << l.binding[s];
   os << "\n";
@@ -96,9 +106,7 @@ int cmd_run(const std::string& dir) {
       return 2;
     }
   }
-  const msim::Guard guard = guard_name == "start" ? msim::Guard::kStart
-                          : guard_name == "aligned" ? msim::Guard::kAligned16
-                                                    : msim::Guard::kEnd;
+  const msim::Guard guard = parse_guard(guard_name);
   if (workers > 0) msim::set_workers(workers);
 
   // Inputs in the primitive's order: x, w, scales, [global scale], operands.
@@ -131,6 +139,10 @@ int cmd_run(const std::string& dir) {
     print_launch(l, plan);
     plan.close();
     msim::Encoder enc;
+    for (int i = 0; i < l.num_constants; ++i) {
+      const bool v = l.constants[i].value;
+      enc.set_function_constant(l.constants[i].index, &v, sizeof v);
+    }
     for (int s = 0; s < fp4::kMetalNumBuffers; ++s) {
       const int b = l.binding[s];
       if (b == fp4::kMetalBindOutput) {
@@ -193,10 +205,7 @@ int cmd_raw(int argc, char** argv) {
   const uint32_t gx = uint32_t(std::atoi(argv[3]));
   const uint32_t tg = uint32_t(std::atoi(argv[4]));
   const char* ge = std::getenv("MSIM_GUARD");
-  const std::string gname = ge != nullptr ? ge : "end";
-  const msim::Guard guard = gname == "start" ? msim::Guard::kStart
-                          : gname == "aligned" ? msim::Guard::kAligned16
-                                               : msim::Guard::kEnd;
+  const msim::Guard guard = parse_guard(ge != nullptr ? ge : "end");
   msim::Encoder enc;
   std::vector<msim::Buffer*> bufs;
   msim::Buffer* first = nullptr;
@@ -225,6 +234,82 @@ int cmd_raw(int argc, char** argv) {
   return 0;
 }
 
+// Spec lines: kernel NAME | grid X Y Z | threads X Y Z | guard end|start|aligned |
+// buffer SLOT PATH | output SLOT BYTES PATH | fc INDEX bool|int|uint|float VALUE |
+// tgmem INDEX BYTES.
+int cmd_exec(const std::string& spec_path) {
+  std::ifstream spec(spec_path);
+  if (!spec) {
+    std::cerr << "runner: cannot read " << spec_path << "\n";
+    return 2;
+  }
+  std::string kernel, key;
+  msim::Dim3 grid, tg;
+  msim::Guard guard = msim::Guard::kEnd;
+  msim::Encoder enc;
+  std::vector<std::pair<msim::Buffer*, std::string>> outputs;
+  while (spec >> key) {
+    if (key == "kernel") {
+      spec >> kernel;
+    } else if (key == "grid") {
+      spec >> grid.x >> grid.y >> grid.z;
+    } else if (key == "threads") {
+      spec >> tg.x >> tg.y >> tg.z;
+    } else if (key == "guard") {
+      std::string g;
+      spec >> g;
+      guard = parse_guard(g);
+    } else if (key == "buffer") {
+      int slot;
+      std::string path;
+      spec >> slot >> path;
+      enc.set_buffer(buffer_from(read_file(path), "buffer" + std::to_string(slot), guard), slot);
+    } else if (key == "output") {
+      int slot;
+      size_t bytes;
+      std::string path;
+      spec >> slot >> bytes >> path;
+      msim::Buffer* b = msim::alloc_buffer(bytes, "output" + std::to_string(slot), guard);
+      std::memset(b->data, 0xFF, bytes);
+      enc.set_buffer(b, slot);
+      outputs.emplace_back(b, path);
+    } else if (key == "fc") {
+      int index;
+      std::string type, value;
+      spec >> index >> type >> value;
+      uint64_t bits = 0;
+      if (type == "bool") {
+        const bool v = value == "1" || value == "true";
+        std::memcpy(&bits, &v, sizeof v);
+      } else if (type == "int" || type == "uint") {
+        const int32_t v = int32_t(std::stoll(value));
+        std::memcpy(&bits, &v, sizeof v);
+      } else if (type == "float") {
+        const float v = std::stof(value);
+        std::memcpy(&bits, &v, sizeof v);
+      } else {
+        std::cerr << "runner: unknown function constant type " << type << "\n";
+        return 2;
+      }
+      enc.set_function_constant(index, &bits, type == "bool" ? 1 : 4);
+    } else if (key == "tgmem") {
+      int index;
+      size_t bytes;
+      spec >> index >> bytes;
+      enc.set_threadgroup_memory_length(bytes, index);
+    } else {
+      std::cerr << "runner: unknown exec key " << key << "\n";
+      return 2;
+    }
+  }
+  enc.dispatch_threadgroups(kernel, grid, tg);
+  for (const auto& [b, path] : outputs) {
+    std::ofstream o(path, std::ios::binary);
+    o.write(static_cast<const char*>(b->data), std::streamsize(b->size));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -243,6 +328,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (cmd == "raw" && argc >= 5) return cmd_raw(argc, argv);
+    if (cmd == "exec" && argc == 3) return cmd_exec(argv[2]);
   } catch (const std::exception& e) {
     std::cerr << "runner: " << e.what() << "\n";
     return 3;

@@ -176,6 +176,11 @@ std::map<std::string, KernelEntry>& kernels() {
   static std::map<std::string, KernelEntry> m;
   return m;
 }
+std::map<std::string, int>& max_threads() {
+  static std::map<std::string, int> m;
+  return m;
+}
+
 std::map<std::string, std::vector<ParamAttr>>& signatures() {
   static std::map<std::string, std::vector<ParamAttr>> m;
   return m;
@@ -624,6 +629,11 @@ bool register_kernel_impl(const char* host_name, const char* base_name, void* fn
   return true;
 }
 
+bool register_max_threads(const char* base_name, int n) {
+  max_threads()[base_name] = n;
+  return true;
+}
+
 bool register_signature(const char* base_name, const ParamAttr* sig, int n) {
   signatures()[base_name] = std::vector<ParamAttr>(sig, sig + n);
   return true;
@@ -679,11 +689,52 @@ void free_buffer(Buffer* b) {
   delete b;
 }
 
-namespace {
-Dispatch g_next;  // bindings of the encoder being filled
+int address_space_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  Worker* w = tls_worker;
+  if (w != nullptr) {
+    const uintptr_t arena = reinterpret_cast<uintptr_t>(w->arena);
+    if (a >= arena && a < arena + kArenaBytes) return kSpaceThreadgroup;
+    const uintptr_t stack = reinterpret_cast<uintptr_t>(w->fibers[w->current].stack_map);
+    if (a >= stack && a < stack + kPage + kFiberStack) return kSpacePrivate;
+  }
+  const int count = g_buf_count.load();
+  for (int i = 0; i < count; ++i) {
+    const Buffer* b = g_buf_snapshot[i];
+    if (b == nullptr) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(b->data);
+    if (a >= begin && a < begin + b->size) {
+      return b->name.rfind("set_bytes(", 0) == 0 ? kSpaceConstant : kSpaceDevice;
+    }
+  }
+  return kSpaceOther;
 }
 
-Encoder::Encoder() { g_next = Dispatch{}; }
+namespace {
+Dispatch g_next;  // bindings of the encoder being filled
+constexpr int kFunctionConstants = 1024;
+alignas(8) uint64_t g_function_constants[kFunctionConstants];
+}  // namespace
+
+const void* function_constant_slot(int index) {
+  if (index < 0 || index >= kFunctionConstants) {
+    fail("function_constant(%d) out of the simulated range", index);
+  }
+  return &g_function_constants[index];
+}
+
+Encoder::Encoder() {
+  g_next = Dispatch{};
+  std::memset(g_function_constants, 0, sizeof g_function_constants);
+}
+
+void Encoder::set_function_constant(int index, const void* data, size_t size) {
+  if (index < 0 || index >= kFunctionConstants || size > 8) {
+    fail("set_function_constant(%d, %zu bytes) out of range", index, size);
+  }
+  g_function_constants[index] = 0;
+  std::memcpy(&g_function_constants[index], data, size);
+}
 
 Encoder::~Encoder() {
   for (Buffer* b : owned_) free_buffer(b);
@@ -725,6 +776,12 @@ void Encoder::dispatch_threadgroups(const std::string& host_name, Dim3 grid, Dim
   if (threads == 0 || threads > METAL_SIM_MAX_THREADS) {
     fail("threadgroup of %llu threads: Metal allows 1 to %d", (unsigned long long)threads,
          METAL_SIM_MAX_THREADS);
+  }
+  auto mt = max_threads().find(it->second.base);
+  if (mt != max_threads().end() && threads > uint64_t(mt->second)) {
+    fail("kernel %s: threadgroup of %llu threads exceeds its "
+         "[[max_total_threads_per_threadgroup(%d)]]", host_name.c_str(),
+         (unsigned long long)threads, mt->second);
   }
   for (const ParamAttr& a : sit->second) {
     if (a.kind == kAttrBuffer && (a.index < 0 || a.index >= 32 || !g_next.buffers[a.index].bound)) {

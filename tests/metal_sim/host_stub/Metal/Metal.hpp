@@ -23,7 +23,7 @@ class SharedPtr {
 }  // namespace NS
 
 namespace MTL {
-enum DataType : NS::UInteger {};
+enum DataType : NS::UInteger { DataTypeBool = 53 };
 struct Size {
   Size(NS::UInteger w, NS::UInteger h, NS::UInteger d) : width(w), height(h), depth(d) {}
   NS::UInteger width, height, depth;
@@ -35,7 +35,10 @@ class ResidencySet {};
 class Function {};
 class LinkedFunctions {};
 class Library {};
-class ComputePipelineState {};
+class ComputePipelineState {
+ public:
+  NS::UInteger maxTotalThreadsPerThreadgroup() const { return 0; }
+};
 class Fence {};
 class CommandQueue {};
 class CommandBuffer {};

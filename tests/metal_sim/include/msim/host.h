@@ -39,6 +39,9 @@ class Encoder {
   // Copies the bytes into a guarded buffer of exactly that size.
   void set_bytes(const void* data, size_t size, int index);
   void set_threadgroup_memory_length(size_t length, int index);
+  // Value of [[function_constant(index)]] (a scalar of `size` <= 8 bytes) for the dispatches
+  // that follow; MTLFunctionConstantValues of the pipeline on a real GPU.
+  void set_function_constant(int index, const void* data, size_t size);
   // Runs the kernel registered under `host_name` to completion.
   void dispatch_threadgroups(const std::string& host_name, Dim3 grid, Dim3 threadgroup);
 

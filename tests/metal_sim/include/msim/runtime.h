@@ -21,6 +21,7 @@ namespace msim {
 #define METAL_SIM_MAX_THREADS 1024
 #endif
 constexpr int kSimdWidth = 32;
+constexpr uint32_t kQuadWidth = 4;
 
 // Kinds of kernel parameter attributes (the prep step writes one per parameter).
 enum AttrKind : int {
@@ -38,6 +39,8 @@ enum AttrKind : int {
   kAttrThreadsPerSimdgroup,
   kAttrSimdgroupsPerThreadgroup,
   kAttrThreadExecutionWidth,
+  kAttrQuadgroupIndexInThreadgroup,
+  kAttrThreadIndexInQuadgroup,
 };
 
 struct ParamAttr {
@@ -87,11 +90,29 @@ void* tg_param(int index);
 // [[buffer(n)]] kernel arguments (checked: bound, and large enough for a reference).
 void* buffer_arg(int index, size_t min_size);
 
+// [[function_constant(n)]] values, set on the host before a dispatch; msl_prep rewrites each
+// declaration into a reference to its slot (read at every use, like a specialized pipeline).
+const void* function_constant_slot(int index);
+template <class T>
+inline const T& function_constant(int index) {
+  static_assert(sizeof(T) <= 8, "metal_sim: function constants are scalars");
+  return *static_cast<const T*>(function_constant_slot(index));
+}
+
+// Where an address points, for the cost counters (costmodel.py): the current Metal thread's
+// stack (registers/private memory), a device buffer, a set_bytes buffer (constant), the
+// threadgroup arena, or anything else (globals of the shim).
+enum AddressSpace : int { kSpacePrivate, kSpaceDevice, kSpaceConstant, kSpaceThreadgroup,
+                          kSpaceOther, kNumSpaces };
+int address_space_of(const void* p);
+
 // ---- kernel registry ----
 using KernelThunk = void (*)(void* fn, const ParamAttr* sig, int nsig);
 bool register_kernel_impl(const char* host_name, const char* base_name, void* fn,
                           KernelThunk thunk, int nparams);
 bool register_signature(const char* base_name, const ParamAttr* sig, int n);
+// [[max_total_threads_per_threadgroup(n)]] of a kernel (by base name).
+bool register_max_threads(const char* base_name, int n);
 
 template <class T>
 inline T builtin_value(const uint32_t (&v)[3]) {
@@ -144,6 +165,8 @@ inline T make_arg(const ParamAttr& a) {
       case kAttrThreadsPerSimdgroup:
       case kAttrThreadExecutionWidth: return builtin_scalar<T>(kSimdWidth);
       case kAttrSimdgroupsPerThreadgroup: return builtin_scalar<T>(c.simdgroups);
+      case kAttrQuadgroupIndexInThreadgroup: return builtin_scalar<T>(c.index / kQuadWidth);
+      case kAttrThreadIndexInQuadgroup: return builtin_scalar<T>(c.index % kQuadWidth);
       default: fail("value kernel parameter without a supported built-in attribute");
     }
   }

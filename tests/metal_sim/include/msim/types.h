@@ -90,8 +90,10 @@ inline void vec_append(S (&buf)[N], int& i, const A& a) {
 
 // Metal vector constructor: float4(x) splats a scalar or converts a vector element-wise;
 // float4(a.xy, b, c) concatenates.
+// Arguments by value: deduction then drops the address space of a device/threadgroup operand
+// (the address-space build, simbuild.check_address_spaces).
 template <class S, int N, class... A>
-inline typename metal::vec<S, N> make_vec(const A&... a) {
+inline typename metal::vec<S, N> make_vec(A... a) {
   constexpr int total = (0 + ... + vec_traits<A>::lanes);
   static_assert(total == N || (sizeof...(A) == 1 && total == 1),
                 "metal_sim: vector constructor lane count mismatch");
@@ -104,6 +106,18 @@ inline typename metal::vec<S, N> make_vec(const A&... a) {
   metal::vec<S, N> r;
   for (int j = 0; j < N; ++j) r[j] = buf[j];
   return r;
+}
+
+// static_cast<bfloat>(x): Metal converts from any arithmetic type (clang rejects half ->
+// __bf16); msl_prep rewrites the cast into this call. Rounds once, through float, which is
+// exact for half (every half is a float).
+template <class T>
+inline bfloat bf16_cast(const T& v) {
+  if constexpr (std::is_same_v<T, half>) {
+    return static_cast<bfloat>(static_cast<float>(v));
+  } else {
+    return static_cast<bfloat>(v);
+  }
 }
 
 }  // namespace msim

@@ -1,0 +1,30 @@
+// GatherW4A16Matmul::eval_cpu: binds MLX buffers and queues the gathered CPU kernel on the
+// stream's thread (the kernel checks the indices there, before it reads any weight).
+#include "../gather_primitive.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "gather_w4a16_kernel.h"
+
+namespace mlx_fp4 {
+
+void GatherW4A16Matmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  const fp4::GatherW4A16Problem g = problem(inputs, out);
+  cpu::GatherBuffers b{};
+  b.x = inputs[kGatherX].data<void>();
+  b.w = inputs[kGatherW].data<uint8_t>();
+  b.scales = inputs[kGatherScales].data<uint8_t>();
+  b.lhs = inputs[kGatherLhs].data<uint32_t>();
+  b.rhs = inputs[kGatherRhs].data<uint32_t>();
+  b.multiplier = has_multiplier() ? inputs[kGatherFirstOptional].data<float>() : nullptr;
+  for (int i = 0; i < g.mm.num_operands; ++i) b.operands[i] = inputs[operand_input_index(i)].data<void>();
+  b.out = out.data<void>();
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+  // Inputs stay alive until the queued task has run (MLX holds their buffers).
+  enc.dispatch([g, b]() { cpu::run_gather_w4a16(g, b); });
+}
+
+}  // namespace mlx_fp4

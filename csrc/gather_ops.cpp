@@ -1,0 +1,301 @@
+// gather_w4a16_matmul: validates every argument once (ValueError naming the argument), turns the
+// indices and the global scale into the primitive's canonical inputs, and adds one
+// GatherW4A16Matmul node. Also the same math in plain MLX ops (reference_ops).
+#include "gather_ops.h"
+
+#include <numeric>
+
+#include "errors.h"
+#include "format_tables.h"
+#include "gather_primitive.h"
+#include "mlx/ops.h"
+#include "op_common.h"
+
+namespace mlx_fp4 {
+namespace {
+
+constexpr const char* kOp = "gather_w4a16_matmul";
+
+int64_t product(mx::Shape::const_iterator first, mx::Shape::const_iterator last) {
+  return std::accumulate(first, last, int64_t{1}, std::multiplies<int64_t>());
+}
+
+// The batch dims of a stack of matrices: everything but the last two.
+mx::Shape batch_shape(const mx::array& a) { return mx::Shape(a.shape().begin(), a.shape().end() - 2); }
+
+// Canonical inputs of the primitive, every check done.
+struct Canonical {
+  GatherInputs in;
+  mx::Dtype out_dtype;
+  bool squeeze_m;  // x was 1-D [K] (no indices): drop the M axis again
+  bool sorted_rhs;
+};
+
+void check_weights(const mx::array& x, const mx::array& w, const mx::array& scales) {
+  const int k = x.shape(-1);
+  if (w.ndim() < 2) {
+    throw_invalid("[", kOp, "] w must be [..., N, ceil(K/2)] uint8 or [..., N, ceil(K/8)] uint32 (experts first) "
+                  "but got shape ", shape_str(w.shape()), ".");
+  }
+  const int64_t bytes_u8 = fp4::packed_bytes_for_k(k);
+  const int64_t words = fp4::packed_words_for_k(k);
+  if (w.dtype() == mx::uint32) {
+    if (w.shape(-1) != words) {
+      throw_invalid("[", kOp, "] w (uint32) must have last dimension ceil(K/8) = ", words, " for K = ", k,
+                    " (from x) but got shape ", shape_str(w.shape()), ".");
+    }
+  } else if (w.dtype() == mx::uint8) {
+    if (w.shape(-1) != bytes_u8 && w.shape(-1) != 4 * words) {
+      throw_invalid("[", kOp, "] w (uint8) must have last dimension ceil(K/2) = ", bytes_u8, " for K = ", k,
+                    " (from x) but got shape ", shape_str(w.shape()), ".");
+    }
+  } else {
+    throw_invalid("[", kOp, "] w must be uint8 or uint32 (packed E2M1) but got dtype ", dtype_str(w.dtype()), ".");
+  }
+  if (scales.dtype() != mx::uint8) {
+    throw_invalid("[", kOp, "] scales must be uint8 (E4M3 bits) but got dtype ", dtype_str(scales.dtype()), ".");
+  }
+  mx::Shape expected = w.shape();
+  expected.back() = static_cast<int>(fp4::scale_blocks_for_k(k));
+  if (scales.shape() != expected) {
+    throw_invalid("[", kOp, "] scales must have shape w.shape[:-1] + (ceil(K/16),) = ", shape_str(expected),
+                  " but got ", shape_str(scales.shape()), ".");
+  }
+}
+
+// Values of an integer array that is already computed, as int64 (nullopt when not readable now:
+// a lazy or traced array, or a strided view; the kernels check those when they run).
+template <typename T>
+std::vector<int64_t> values_as(const mx::array& a) {
+  const T* p = a.data<T>();
+  return std::vector<int64_t>(p, p + a.size());
+}
+std::optional<std::vector<int64_t>> readable_values(const mx::array& a) {
+  if (a.is_tracer() || !a.is_available() || !a.flags().row_contiguous) return std::nullopt;
+  switch (a.dtype()) {
+    case mx::int8: return values_as<int8_t>(a);
+    case mx::int16: return values_as<int16_t>(a);
+    case mx::int32: return values_as<int32_t>(a);
+    case mx::int64: return values_as<int64_t>(a);
+    case mx::uint8: return values_as<uint8_t>(a);
+    case mx::uint16: return values_as<uint16_t>(a);
+    case mx::uint32: return values_as<uint32_t>(a);
+    default: break;
+  }
+  // uint64: compare unsigned (values past int64 are out of range anyway).
+  std::vector<int64_t> out;
+  for (uint64_t v : values_as<uint64_t>(a)) out.push_back(v > INT64_MAX ? -1 : static_cast<int64_t>(v));
+  return out;
+}
+
+// The indices for `arg` as uint32 (or, when absent, every matrix of `batch` in order).
+mx::array canonical_indices(
+    const std::optional<mx::array>& idx, const char* arg, const char* of, const mx::Shape& batch, mx::StreamOrDevice s) {
+  const int64_t limit = product(batch.begin(), batch.end());
+  if (!idx) {
+    return mx::reshape(mx::arange(static_cast<int>(limit), mx::uint32, s), batch, s);
+  }
+  if (!mx::issubdtype(idx->dtype(), mx::integer)) {
+    throw_invalid("[", kOp, "] ", arg, " must be an integer array but got dtype ", dtype_str(idx->dtype()), ".");
+  }
+  if (auto values = readable_values(*idx)) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      const int64_t v = (*values)[i];
+      if (v < 0 || v >= limit) {
+        throw_invalid("[", kOp, "] ", arg, " must be in [0, ", limit, ") (the matrices in ", of, " with batch shape ",
+                      shape_str(batch), ") but got ", v, " at flat position ", i, ".");
+      }
+    }
+  }
+  return mx::astype(*idx, mx::uint32, s);
+}
+
+// The global scale (tensor amax, MLX's convention) as the multiplier gs / 2688: [] or [E].
+mx::array canonical_multiplier(const mx::array& gs, const mx::array& w, mx::StreamOrDevice s) {
+  if (gs.dtype() != mx::float32) {
+    throw_invalid("[", kOp, "] global_scale must be a Python float or a float32 array but got dtype ",
+                  dtype_str(gs.dtype()), ".");
+  }
+  const mx::Shape batch = batch_shape(w);
+  const int experts = static_cast<int>(product(batch.begin(), batch.end()));
+  mx::array flat = gs;
+  if (gs.size() == 1 && gs.ndim() <= 1) {
+    flat = mx::reshape(gs, {}, s);
+  } else if (gs.shape() == batch || (gs.ndim() == 1 && gs.shape(0) == experts)) {
+    flat = mx::reshape(gs, {experts}, s);
+  } else {
+    throw_invalid("[", kOp, "] global_scale must be a scalar or have one value per expert, shape w.shape[:-2] = ",
+                  shape_str(batch), ", but got shape ", shape_str(gs.shape()), ".");
+  }
+  return mx::divide(flat, mx::array(fp4::kGlobalScaleDenominator, mx::float32), s);
+}
+
+Canonical canonicalize(
+    const mx::array& x_in,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    std::optional<mx::Dtype> out_dtype,
+    bool sorted_indices,
+    mx::StreamOrDevice s) {
+  if (!is_supported_float(x_in.dtype())) {
+    throw_invalid("[", kOp, "] x must be float16, bfloat16 or float32 but got ", dtype_str(x_in.dtype()), ".");
+  }
+  const bool indexed = lhs_indices || rhs_indices;
+  const bool squeeze_m = !indexed && x_in.ndim() == 1;
+  if (x_in.ndim() < (squeeze_m ? 1 : 2)) {
+    throw_invalid("[", kOp, "] x must have at least 2 dimensions [..., M, K] but got shape ",
+                  shape_str(x_in.shape()), ".");
+  }
+  const mx::array x = squeeze_m ? mx::expand_dims(x_in, 0, s) : x_in;
+  if (x.shape(-1) < 1) {
+    throw_invalid("[", kOp, "] x must have K >= 1 (its last dimension) but got shape ", shape_str(x_in.shape()), ".");
+  }
+  check_weights(x, w, scales);
+  const mx::Dtype od = out_dtype.value_or(x.dtype());
+  if (!is_supported_float(od)) {
+    throw_invalid("[", kOp, "] out_dtype must be float16, bfloat16 or float32 but got ", dtype_str(od), ".");
+  }
+  mx::Shape xb = batch_shape(x);
+  mx::Shape wb = batch_shape(w);
+  if (!indexed) {
+    // As mx.gather_qmm without indices (quantized_matmul): the batch dims broadcast together.
+    mx::Shape both;
+    try {
+      both = mx::broadcast_shapes(xb, wb);
+    } catch (const std::invalid_argument&) {
+      throw_invalid("[", kOp, "] without indices the batch dims of x ", shape_str(xb), " and w ", shape_str(wb),
+                    " must broadcast together.");
+    }
+    auto lhs = mx::broadcast_to(canonical_indices(std::nullopt, "", "", xb, s), both, s);
+    auto rhs = mx::broadcast_to(canonical_indices(std::nullopt, "", "", wb, s), both, s);
+    std::optional<mx::array> mult;
+    if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
+    return {{x, w, scales, lhs, rhs, mult}, od, squeeze_m, false};
+  }
+  auto lhs = canonical_indices(lhs_indices, "lhs_indices", "x", xb, s);
+  auto rhs = canonical_indices(rhs_indices, "rhs_indices", "w", wb, s);
+  mx::Shape b;
+  try {
+    b = mx::broadcast_shapes(lhs.shape(), rhs.shape());
+  } catch (const std::invalid_argument&) {
+    throw_invalid("[", kOp, "] lhs_indices of shape ", shape_str(lhs.shape()), " and rhs_indices of shape ",
+                  shape_str(rhs.shape()), " must broadcast together.");
+  }
+  std::optional<mx::array> mult;
+  if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
+  // As mx.gather_qmm: the hint holds for rhs only when lhs is the default.
+  const bool sorted_rhs = sorted_indices && rhs_indices && !lhs_indices;
+  return {{x, w, scales, mx::broadcast_to(lhs, b, s), mx::broadcast_to(rhs, b, s), mult}, od, false, sorted_rhs};
+}
+
+mx::array squeeze_if(const mx::array& y, bool squeeze_m, mx::StreamOrDevice s) {
+  return squeeze_m ? mx::squeeze(y, -2, s) : y;
+}
+
+}  // namespace
+
+mx::array gather_w4a16_node(
+    const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, bool sorted_rhs,
+    mx::StreamOrDevice s) {
+  check_epilogue(epilogue, kOp);
+  mx::Shape out_shape = in.lhs.shape();
+  out_shape.push_back(in.x.shape(-2));
+  out_shape.push_back(in.w.shape(-2));
+  std::vector<mx::array> inputs;
+  for (const auto* a : {&in.x, &in.w, &in.scales, &in.lhs, &in.rhs}) inputs.push_back(mx::contiguous(*a, false, s));
+  if (in.multiplier) inputs.push_back(mx::contiguous(*in.multiplier, false, s));
+  std::vector<fp4::EpilogueOp> ops;
+  std::vector<int> kinds;
+  for (size_t i = 0; i < epilogue.size(); ++i) {
+    const auto& spec = epilogue[i];
+    fp4::EpilogueOp op{spec.code, -1, spec.p0, spec.p1};
+    if (spec.operand) {
+      auto [kind, operand] = canonical_operand(*spec.operand, out_shape, static_cast<int>(i), s, kOp);
+      op.operand = static_cast<int>(kinds.size());
+      kinds.push_back(kind);
+      inputs.push_back(operand);
+    }
+    ops.push_back(op);
+  }
+  auto stream = mx::to_stream(s);
+  return mx::array(
+      out_shape,
+      out_dtype,
+      std::make_shared<GatherW4A16Matmul>(stream, out_dtype, in.multiplier.has_value(), sorted_rhs, std::move(ops),
+                                          std::move(kinds)),
+      std::move(inputs));
+}
+
+mx::array gather_w4a16_reference_canonical(
+    const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, mx::StreamOrDevice s) {
+  const auto& [x, w, scales, lhs, rhs, multiplier] = in;
+  const int k = x.shape(-1);
+  const int n = w.shape(-2);
+  const int experts = static_cast<int>(product(w.shape().begin(), w.shape().end() - 2));
+  // Decode every expert as one [E * N, K] matrix: exact fp32 values.
+  auto wf = decode_f32(mx::reshape(w, {experts * n, w.shape(-1)}, s),
+                       mx::reshape(scales, {experts * n, scales.shape(-1)}, s), k, s);
+  wf = mx::reshape(wf, {experts, n, k}, s);
+  const int m = x.shape(-2);
+  const int x_batches = static_cast<int>(product(x.shape().begin(), x.shape().end() - 2));
+  auto xf = mx::reshape(mx::astype(x, mx::float32, s), {x_batches, m, k}, s);
+  auto y = mx::gather_mm(xf, mx::swapaxes(wf, -1, -2, s), lhs, rhs, false, s);
+  if (multiplier) {
+    if (multiplier->ndim() == 0) {
+      y = mx::multiply(y, *multiplier, s);
+    } else {
+      auto per_pair = mx::take(*multiplier, rhs, 0, s);
+      y = mx::multiply(y, mx::expand_dims(per_pair, {-2, -1}, s), s);
+    }
+  }
+  for (const auto& op : epilogue) {
+    y = apply_op_ops(y, op, s);
+  }
+  return mx::astype(y, out_dtype, s);
+}
+
+mx::array gather_w4a16_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    bool sorted_indices,
+    mx::StreamOrDevice s) {
+  const Canonical c = canonicalize(x, w, scales, lhs_indices, rhs_indices, global_scale, out_dtype, sorted_indices, s);
+  // Operands of a 1-D x broadcast against the [N] output: give them the M axis the node has.
+  std::vector<EpilogueSpec> chain = epilogue;
+  if (c.squeeze_m) {
+    for (auto& spec : chain) {
+      if (spec.operand && spec.operand->ndim() >= 1) spec.operand = mx::expand_dims(*spec.operand, -2, s);
+    }
+  }
+  const bool kernel = mx::to_stream(s).device != mx::Device::gpu || gather_gpu_kernel_available();
+  auto y = kernel ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
+                  : gather_w4a16_reference_canonical(c.in, chain, c.out_dtype, s);
+  return squeeze_if(y, c.squeeze_m, s);
+}
+
+mx::array gather_w4a16_matmul_reference_ops(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const std::optional<mx::array>& lhs_indices,
+    const std::optional<mx::array>& rhs_indices,
+    const std::optional<mx::array>& global_scale,
+    const std::vector<EpilogueSpec>& epilogue,
+    std::optional<mx::Dtype> out_dtype,
+    mx::StreamOrDevice s) {
+  const Canonical c = canonicalize(x, w, scales, lhs_indices, rhs_indices, global_scale, out_dtype, false, s);
+  check_epilogue(epilogue, kOp);
+  auto y = gather_w4a16_reference_canonical(c.in, epilogue, c.out_dtype, s);
+  return squeeze_if(y, c.squeeze_m, s);
+}
+
+}  // namespace mlx_fp4

@@ -1,0 +1,198 @@
+// GatherW4A16Matmul: state, shape inference and transforms. Gradients come from the MLX-ops
+// version of the same math (gather_w4a16_reference_canonical, built on mx::gather_mm), which
+// MLX differentiates; vmap folds the mapped axis into the index arrays and re-issues the op.
+#include "gather_primitive.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "errors.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
+#include "primitives.h"
+
+namespace mlx_fp4 {
+namespace {
+
+int64_t leading_product(const mx::array& a) {
+  return std::accumulate(a.shape().begin(), a.shape().end() - 2, int64_t{1}, std::multiplies<int64_t>());
+}
+
+}  // namespace
+
+GatherW4A16Matmul::GatherW4A16Matmul(
+    mx::Stream stream,
+    mx::Dtype out_dtype,
+    bool has_multiplier,
+    bool sorted_rhs,
+    std::vector<fp4::EpilogueOp> ops,
+    std::vector<int> operand_kinds)
+    : mx::Primitive(stream),
+      out_dtype_(out_dtype),
+      has_multiplier_(has_multiplier),
+      sorted_rhs_(sorted_rhs),
+      ops_(std::move(ops)),
+      operand_kinds_(std::move(operand_kinds)) {}
+
+bool GatherW4A16Matmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const GatherW4A16Matmul&>(other);
+  if (out_dtype_ != o.out_dtype_ || has_multiplier_ != o.has_multiplier_ || sorted_rhs_ != o.sorted_rhs_ ||
+      operand_kinds_ != o.operand_kinds_ || ops_.size() != o.ops_.size()) {
+    return false;
+  }
+  // Bitwise comparison of the constants: -0.0 and NaN constants are distinct chains.
+  return ops_.empty() || std::memcmp(ops_.data(), o.ops_.data(), ops_.size() * sizeof(fp4::EpilogueOp)) == 0;
+}
+
+std::vector<mx::Shape> GatherW4A16Matmul::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[kGatherLhs].shape();
+  shape.push_back(inputs[kGatherX].shape(-2));
+  shape.push_back(inputs[kGatherW].shape(-2));
+  return {shape};
+}
+
+fp4::GatherW4A16Problem GatherW4A16Matmul::problem(const std::vector<mx::array>& inputs, const mx::array& out) const {
+  const auto& x = inputs[kGatherX];
+  const auto& w = inputs[kGatherW];
+  fp4::GatherW4A16Problem g{};
+  fp4::W4A16Problem& p = g.mm;
+  p.k = x.shape(-1);
+  p.m = x.shape(-2);
+  p.n = w.shape(-2);
+  p.w_row_bytes = w.shape(-1) * static_cast<int64_t>(w.itemsize());
+  p.scale_row_bytes = inputs[kGatherScales].shape(-1);
+  p.x_dtype = operand_dtype_code(x.dtype());
+  p.out_dtype = operand_dtype_code(out.dtype());
+  p.has_global_scale = has_multiplier_ ? 1 : 0;
+  p.num_ops = static_cast<int>(ops_.size());
+  for (size_t i = 0; i < ops_.size(); ++i) p.ops[i] = ops_[i];
+  g.pairs = inputs[kGatherLhs].size();
+  g.x_batches = leading_product(x);
+  g.experts = leading_product(w);
+  g.w_expert_bytes = p.n * p.w_row_bytes;
+  g.scale_expert_bytes = p.n * p.scale_row_bytes;
+  g.multiplier_per_expert = has_multiplier_ && inputs[kGatherFirstOptional].ndim() == 1 ? 1 : 0;
+  g.sorted_rhs = sorted_rhs_ ? 1 : 0;
+  const int64_t rows = fp4::gather_out_rows(g);
+  p.num_operands = static_cast<int>(operand_kinds_.size());
+  for (size_t i = 0; i < operand_kinds_.size(); ++i) {
+    p.operand_kind[i] = operand_kinds_[i];
+    const auto& opnd = inputs[operand_input_index(static_cast<int>(i))];
+    p.operand_dtype[i] = operand_dtype_code(opnd.dtype());
+    const int64_t expected = operand_kinds_[i] == fp4::kOperandScalar ? 1
+                           : operand_kinds_[i] == fp4::kOperandCol    ? p.n
+                           : operand_kinds_[i] == fp4::kOperandRow    ? rows
+                                                                      : rows * p.n;
+    if (static_cast<int64_t>(opnd.size()) != expected || !opnd.flags().row_contiguous) {
+      throw std::invalid_argument(
+          "[gather_w4a16_matmul] an epilogue operand has " + std::to_string(opnd.size()) +
+          " elements but the output needs " + std::to_string(expected) +
+          ". Operands that broadcast over the index dims are expanded when the graph is traced, so "
+          "mx.compile(shapeless=True) cannot change those dims: pass them with the full shape.");
+    }
+  }
+  return g;
+}
+
+std::vector<EpilogueSpec> GatherW4A16Matmul::epilogue_specs(const std::vector<mx::array>& inputs) const {
+  std::vector<EpilogueSpec> specs;
+  for (const auto& op : ops_) {
+    EpilogueSpec spec{op.code, std::nullopt, op.p0, op.p1};
+    if (op.operand >= 0) spec.operand = inputs[operand_input_index(op.operand)];
+    specs.push_back(spec);
+  }
+  return specs;
+}
+
+std::vector<mx::array> GatherW4A16Matmul::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  // Differentiable: x and the operands; indices get zeros (integer inputs).
+  std::vector<int> pos = {kGatherX};
+  for (size_t i = 0; i < operand_kinds_.size(); ++i) pos.push_back(operand_input_index(static_cast<int>(i)));
+  for (int a : argnums) {
+    const bool index = a == kGatherLhs || a == kGatherRhs;
+    if (!index && std::find(pos.begin(), pos.end(), a) == pos.end()) {
+      throw std::invalid_argument(
+          "[gather_w4a16_matmul] gradients with respect to w, scales and global_scale are not supported "
+          "(as in mx.gather_qmm); differentiate with respect to x or the epilogue operands.");
+    }
+  }
+  std::optional<mx::array> mult;
+  if (has_multiplier_) mult = primals[kGatherFirstOptional];
+  const auto specs = epilogue_specs(primals);
+  auto fn = [&](const std::vector<mx::array>& args) {
+    auto sp = specs;
+    int next = 1;
+    for (auto& spec : sp) {
+      if (spec.operand) spec.operand = args[next++];
+    }
+    const GatherInputs in{args[0], primals[kGatherW], primals[kGatherScales], primals[kGatherLhs],
+                          primals[kGatherRhs], mult};
+    return std::vector<mx::array>{gather_w4a16_reference_canonical(in, sp, out_dtype_, stream())};
+  };
+  std::vector<mx::array> args;
+  for (int i : pos) args.push_back(primals[i]);
+  auto [outs, grads] = mx::vjp(fn, args, cotangents);
+  std::vector<mx::array> result;
+  for (int a : argnums) {
+    auto it = std::find(pos.begin(), pos.end(), a);
+    result.push_back(it == pos.end() ? mx::zeros_like(primals[a], stream()) : grads[it - pos.begin()]);
+  }
+  return result;
+}
+
+std::pair<std::vector<mx::array>, std::vector<int>> GatherW4A16Matmul::vmap(
+    const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
+  auto s = stream();
+  if (axes[kGatherW] >= 0 || axes[kGatherScales] >= 0 || (has_multiplier_ && axes[kGatherFirstOptional] >= 0)) {
+    throw std::invalid_argument(
+        "[gather_w4a16_matmul] vmap over w, scales or global_scale is not supported; map x, the indices or "
+        "the epilogue operands.");
+  }
+  int batch = 1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (axes[i] >= 0) batch = inputs[i].shape(axes[i]);
+  }
+  // Indices with the mapped axis first ([V, ...B] or [1, ...B]).
+  auto lead = [&](int i) {
+    return axes[i] >= 0 ? mx::moveaxis(inputs[i], axes[i], 0, s) : mx::expand_dims(inputs[i], 0, s);
+  };
+  auto lhs = lead(kGatherLhs);
+  auto rhs = lead(kGatherRhs);
+  auto x = inputs[kGatherX];
+  if (axes[kGatherX] >= 0) {
+    // Map v reads matrix lhs of x[v]: flat index v * (matrices per map) + lhs.
+    x = mx::moveaxis(x, axes[kGatherX], 0, s);
+    const int per_map = static_cast<int>(leading_product(x) / batch);
+    mx::Shape offset_shape(lhs.ndim(), 1);
+    offset_shape[0] = batch;
+    auto offsets = mx::reshape(mx::multiply(mx::arange(batch, mx::uint32, s), mx::array(per_map, mx::uint32), s),
+                               offset_shape, s);
+    lhs = mx::add(lhs, offsets, s);
+  }
+  mx::Shape b = mx::broadcast_shapes(lhs.shape(), rhs.shape());
+  b[0] = batch;
+  lhs = mx::broadcast_to(lhs, b, s);
+  rhs = mx::broadcast_to(rhs, b, s);
+  const int out_ndim = static_cast<int>(b.size()) + 2;
+  auto specs = epilogue_specs(inputs);
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].operand < 0) continue;
+    const int idx = operand_input_index(ops_[i].operand);
+    if (axes[idx] < 0) continue;  // unmapped operands broadcast over the map as they are
+    auto t = mx::moveaxis(inputs[idx], axes[idx], 0, s);
+    mx::Shape shape = t.shape();
+    shape.insert(shape.begin() + 1, out_ndim - static_cast<int>(t.ndim()), 1);
+    specs[i].operand = mx::reshape(t, shape, s);
+  }
+  std::optional<mx::array> mult;
+  if (has_multiplier_) mult = inputs[kGatherFirstOptional];
+  auto out = gather_w4a16_node({x, inputs[kGatherW], inputs[kGatherScales], lhs, rhs, mult}, specs, out_dtype_,
+                               false, s);
+  return {{out}, {0}};
+}
+
+}  // namespace mlx_fp4

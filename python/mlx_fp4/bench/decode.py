@@ -1,0 +1,375 @@
+"""End-to-end decode benchmark: an mlx-lm model with real layer shapes and random weights.
+
+    python -m mlx_fp4.bench decode --preset llama3-8b --layers 8 16 32
+
+Variants on the same bytes: dense bf16 (``nn.Linear``), MLX's nvfp4 ``nn.QuantizedLinear``
+(``nn.quantize(mode="nvfp4")``), ``mlx_fp4.nn.FP4Linear`` wrapping those very layers
+(``mlx_fp4.nn.quantize``) and the same with ``mlx_fp4.nn.fuse_swiglu``. Each (variant, layers) runs in
+its own process (one model in memory, no order effects inside a process), ``--processes`` times in
+rotating order; each process greedy-decodes ``--repeats`` times with ``mlx_lm.generate.generate_step``
+after one untimed warm-up. Reported per point: median and spread (min, max) over all repeats of
+prefill tok/s (prompt tokens / time to the first token) and decode tok/s (tokens after the first /
+their time), the weight bytes one decode step reads and their fraction of the copy bandwidth, and a
+host-side profile of single decode steps (graph building, encoding, waiting for the GPU).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+
+VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused")
+LABELS = {
+    "dense": "dense bf16 (nn.Linear)",
+    "mlx_nvfp4": "MLX nvfp4 nn.QuantizedLinear",
+    "fp4": "mlx_fp4.nn.FP4Linear (same bytes)",
+    "fp4_fused": "FP4Linear + fuse_swiglu",
+}
+# Layer shapes of the public configs; weights are random (no download).
+PRESETS = {
+    "llama3-8b": dict(
+        module="llama", model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=False, max_position_embeddings=8192,
+    ),
+    "qwen3-8b": dict(
+        module="qwen3", model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, max_position_embeddings=32768,
+    ),
+    # CI-sized Llama (runs in seconds on a CPU).
+    "tiny": dict(
+        module="llama", model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, max_position_embeddings=512,
+    ),
+}
+PROFILE_STEPS = 16  # single decode steps timed piece by piece (host profile)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench decode", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
+    p.add_argument("--layers", nargs="+", type=int, default=[8, 16, 32], help="decoder layers (several: one point each)")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens (random ids)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="timed generations per process (after one warm-up)")
+    p.add_argument("--processes", type=int, default=1, help="processes per (variant, layers), in rotating order")
+    p.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: gpu when MLX has one")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: "variant,layers" in this process
+    return p.parse_args(argv)
+
+
+def _device(args) -> str:
+    if args.device:
+        return args.device
+    return "gpu" if (mx.metal.is_available() or mx.cuda.is_available()) else "cpu"
+
+
+# ---- one process: build, decode, time ------------------------------------------------------------
+
+
+def build_model(preset: str, layers: int, variant: str, seed: int):
+    import importlib
+
+    import mlx.nn as nn
+
+    cfg = dict(PRESETS[preset])
+    module = importlib.import_module(f"mlx_lm.models.{cfg.pop('module')}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs(num_hidden_layers=layers, **cfg))
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    if variant != "dense":
+        # Every Linear (the lm_head too): the same bytes for the three quantized variants.
+        nn.quantize(model, group_size=16, bits=4, mode="nvfp4", class_predicate=lambda _, m: isinstance(m, nn.Linear))
+        mx.eval(model.parameters())
+    if variant in ("fp4", "fp4_fused"):
+        from mlx_fp4 import nn as fnn
+
+        fnn.quantize(model, progress=False)
+        if variant == "fp4_fused":
+            fnn.fuse_swiglu(model)
+    return model
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for _, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear)):
+            total += sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+    return total
+
+
+def time_generation(model, prompt, tokens: int):
+    from mlx_lm.generate import generate_step
+
+    out = []
+    t0 = time.perf_counter()
+    t_first = None
+    for tok, _ in generate_step(prompt, model, max_tokens=tokens):
+        out.append(int(tok))
+        if t_first is None:
+            t_first = time.perf_counter()
+    t_end = time.perf_counter()
+    prefill = prompt.size / (t_first - t0)
+    decode = (len(out) - 1) / (t_end - t_first) if len(out) > 1 else float("nan")
+    return out, prefill, decode
+
+
+def top2_trace(model, prompt, tokens: int):
+    """Greedy tokens with each step's two best token ids and their log-probability gap (untimed):
+    tells a divergence between two variants at a near-tie from a real difference."""
+    from mlx_lm.generate import generate_step
+
+    trace = []
+    for tok, lp in generate_step(prompt, model, max_tokens=tokens):
+        top = mx.argsort(-lp.astype(mx.float32))[:2]
+        vals = lp.astype(mx.float32)[top]
+        ids = top.tolist()
+        trace.append({"token": int(tok), "top2": ids, "gap": float((vals[0] - vals[1]).item())})
+    return trace
+
+
+def host_profile(model, prompt, steps: int) -> dict:
+    """Single synchronous decode steps: Python graph building, mx.async_eval (encoding every node
+    and launching), then the wait for the GPU. Host-bound when the wait is small against the rest."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    y = mx.argmax(model(prompt[None], cache=cache)[:, -1, :], axis=-1)
+    mx.eval(y)
+    build, encode, wait = [], [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        y = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+        t1 = time.perf_counter()
+        mx.async_eval(y)
+        t2 = time.perf_counter()
+        mx.eval(y)
+        t3 = time.perf_counter()
+        build.append(t1 - t0)
+        encode.append(t2 - t1)
+        wait.append(t3 - t2)
+    med = lambda v: statistics.median(v) * 1e3  # noqa: E731
+    return {"steps": steps, "build_ms": med(build), "encode_ms": med(encode), "wait_ms": med(wait),
+            "step_ms": med([a + b + c for a, b, c in zip(build, encode, wait)])}
+
+
+def run_worker(args) -> dict:
+    variant, layers = args.worker.split(",")
+    layers = int(layers)
+    mx.set_default_device(mx.gpu if _device(args) == "gpu" else mx.cpu)
+    t0 = time.perf_counter()
+    model = build_model(args.preset, layers, variant, args.seed)
+    setup_s = time.perf_counter() - t0
+    vocab = PRESETS[args.preset]["vocab_size"]
+    prompt = mx.random.randint(0, vocab, (args.prompt,), key=mx.random.key(args.seed + 1))
+    t0 = time.perf_counter()
+    trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
+    warmup_s = time.perf_counter() - t0
+    runs = []
+    for _ in range(args.repeats):
+        toks, prefill, decode = time_generation(model, prompt, args.tokens)
+        runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
+    prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
+    return {"variant": variant, "layers": layers, "pid": os.getpid(), "setup_s": setup_s, "warmup_s": warmup_s,
+            "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace, "runs": runs, "host_profile": prof,
+            "peak_memory_bytes": mx.get_peak_memory(),
+            "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
+
+
+# ---- parent: processes, statistics, report --------------------------------------------------------
+
+
+def _spawn(args, variant: str, layers: int) -> dict:
+    cmd = [sys.executable, "-m", "mlx_fp4.bench", "decode", "--worker", f"{variant},{layers}",
+           "--preset", args.preset, "--prompt", str(args.prompt), "--tokens", str(args.tokens),
+           "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    if args.device:
+        cmd += ["--device", args.device]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout)[-2000:]
+        return {"variant": variant, "layers": layers, "error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def _stats(values):
+    v = [x for x in values if x == x]
+    if not v:
+        return None
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def first_difference(tokens, ref_trace) -> dict:
+    """Where greedy tokens first differ from the reference, and whether the reference was at a
+    near-tie there (our token is its second choice; its top-2 log-probability gap)."""
+    step = next((i for i, (a, b) in enumerate(zip(tokens, (t["token"] for t in ref_trace))) if a != b), None)
+    if step is None:
+        return {"step": None}
+    r = ref_trace[step]
+    return {"step": step, "ours": tokens[step], "reference": r["token"],
+            "ours_is_reference_second_choice": tokens[step] == r["top2"][1], "reference_top2_gap": r["gap"],
+            "reference_median_top2_gap": statistics.median(t["gap"] for t in ref_trace)}
+
+
+def summarize(results, variants, bandwidth_gbps):
+    points = []
+    for layers in sorted({r["layers"] for r in results}):
+        row = {"layers": layers, "variants": {}}
+        for v in variants:
+            rs = [r for r in results if r["variant"] == v and r["layers"] == layers and "error" not in r]
+            errs = [r["error"] for r in results if r["variant"] == v and r["layers"] == layers and "error" in r]
+            if not rs:
+                row["variants"][v] = {"error": errs[0] if errs else "not run"}
+                continue
+            runs = [run for r in rs for run in r["runs"]]
+            dec = _stats([run["decode_tok_s"] for run in runs])
+            wbytes = rs[0]["weight_bytes_per_step"]
+            entry = {
+                "decode_tok_s": dec,
+                "prefill_tok_s": _stats([run["prefill_tok_s"] for run in runs]),
+                "per_process_decode_median": [statistics.median([x["decode_tok_s"] for x in r["runs"]]) for r in rs],
+                "weight_bytes_per_step": wbytes,
+                "weight_gbps": wbytes * dec["median"] / 1e9 if dec else None,
+                "host_profile": rs[0]["host_profile"],
+                "tokens": rs[0]["tokens"],
+                "same_tokens_in_all_processes": all(r["tokens"] == rs[0]["tokens"] for r in rs),
+            }
+            if bandwidth_gbps and entry["weight_gbps"]:
+                entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
+            row["variants"][v] = entry
+        ref = [r for r in results if r["variant"] == "mlx_nvfp4" and r["layers"] == layers and "top2" in r]
+        for v in ("fp4", "fp4_fused"):
+            e = row["variants"].get(v, {})
+            if ref and e.get("tokens"):
+                e["vs_mlx_nvfp4"] = first_difference(e["tokens"], ref[0]["top2"])
+                e["first_token_difference_vs_mlx_nvfp4"] = e["vs_mlx_nvfp4"]["step"]
+        points.append(row)
+    return points
+
+
+def table(points, variants) -> str:
+    head = "| layers | " + " | ".join(LABELS[v] for v in variants) + " |"
+    lines = [head, "|---" * (len(variants) + 1) + "|"]
+    for p in points:
+        base = p["variants"].get("mlx_nvfp4", {}).get("decode_tok_s")
+        cells = []
+        for v in variants:
+            e = p["variants"][v]
+            d = e.get("decode_tok_s")
+            if not d:
+                cells.append("error")
+                continue
+            c = f"{d['median']:.0f} ({d['min']:.0f}-{d['max']:.0f})"
+            if base and v in ("fp4", "fp4_fused"):
+                c += f", {d['median'] / base['median']:.2f}x"
+            if e.get("bandwidth_fraction"):
+                c += f", {100 * e['bandwidth_fraction']:.0f}% bw"
+            cells.append(c)
+        lines.append(f"| {p['layers']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(doc, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for v in doc["config"]["variants"]:
+        xs, ys, lo, hi = [], [], [], []
+        for p in doc["points"]:
+            d = p["variants"][v].get("decode_tok_s")
+            if d:
+                xs.append(p["layers"])
+                ys.append(d["median"])
+                lo.append(d["median"] - d["min"])
+                hi.append(d["max"] - d["median"])
+        if xs:
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=LABELS[v])
+    ax.set_xlabel("decoder layers")
+    ax.set_ylabel("decode tok/s (median, min-max)")
+    ax.set_title(f"{doc['config']['preset']} decode, {doc['device']['device_name']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(args)), flush=True)
+        return 0
+    if args.repeats < 1 or args.processes < 1 or args.tokens < 2 or args.prompt < 1:
+        raise SystemExit("[bench decode] --repeats/--processes expected >= 1, --tokens >= 2, --prompt >= 1")
+    try:
+        import mlx_lm  # noqa: F401
+    except ImportError:
+        print("[bench decode] needs mlx-lm (pip install mlx-lm).", file=sys.stderr)
+        return 2
+    from . import report
+
+    device = _device(args)
+    info = report.system_info(device)
+    bandwidth = None
+    if device == "gpu":
+        from . import baselines, timing
+
+        mx.set_default_device(mx.gpu)
+        bandwidth = baselines.gpu_copy_roofline(1 << 30, timing.TimingConfig(repeats=5))
+        mx.clear_cache()
+    results = []
+    for rnd in range(args.processes):
+        for layers in args.layers:
+            order = args.variants[rnd % len(args.variants):] + args.variants[:rnd % len(args.variants)]
+            for v in order:
+                r = _spawn(args, v, layers)
+                results.append(r)
+                msg = r.get("error") or "decode " + ", ".join(f"{x['decode_tok_s']:.0f}" for x in r["runs"]) + " tok/s"
+                print(f"[bench decode] {args.preset} layers={layers} {v}: {msg}", flush=True)
+    bw = bandwidth["gbps"] if bandwidth else None
+    points = summarize(results, args.variants, bw)
+    doc = {
+        "schema": 1,
+        "command": "python -m mlx_fp4.bench decode " + " ".join(sys.argv[2:] if argv is None else argv),
+        "device": info,
+        "config": {"preset": args.preset, "model": PRESETS[args.preset], "layers": args.layers,
+                   "variants": args.variants, "prompt_tokens": args.prompt, "tokens": args.tokens,
+                   "repeats": args.repeats, "processes": args.processes, "seed": args.seed},
+        "method": "mlx_lm.generate.generate_step, greedy, random weights and prompt; prefill tok/s = prompt / "
+        "time to first token; decode tok/s = (tokens - 1) / time from the first to the last token; one "
+        "untimed warm-up generation per process; each (variant, layers) in its own process",
+        "bandwidth": bandwidth,
+        "points": points,
+        "raw": results,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"decode_{args.preset}_{device}")
+    report.write_json(base + ".json", doc)
+    text = table(points, args.variants)
+    with open(base + ".md", "w") as f:
+        f.write(f"`{doc['command']}` on {info['device_name']}, mlx {info['versions']['mlx']}\n\n"
+                f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n")
+    print(text)
+    if not args.no_plot:
+        plot(doc, base + ".png")
+    return 0 if all("error" not in r for r in results) else 1

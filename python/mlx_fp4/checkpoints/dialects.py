@@ -1,0 +1,210 @@
+"""The NVFP4 checkpoint dialects: ModelOpt, compressed-tensors and MLX.
+
+``quant_info`` reads a checkpoint's quantization metadata, ``classify`` names the dialect of
+every quantized layer from its tensor names, and one converter per dialect turns a layer's
+tensors into mlx_fp4's layout (``weight`` uint32, ``scales`` uint8, ``global_scale`` fp32 [1]
+in MLX's convention, the amax). See ``mlx_fp4.checkpoints`` for the table.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Dict, Iterable, Optional, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+from ..formats import (
+    GLOBAL_SCALE_SHAPE,
+    GROUP_SIZE,
+    describe,
+    global_scale_from_divisor,
+    global_scale_from_multiplier,
+)
+
+
+def load_error(msg):
+    return ValueError(f"[load_nvfp4] {msg}")
+
+
+_CT_FORMAT = "nvfp4-pack-quantized"
+_MODELOPT_ALGOS = ("NVFP4", "W4A16_NVFP4", "MIXED_PRECISION")
+
+
+def quant_info(cfgs: dict) -> dict:
+    """Normalise the quantization metadata: method and ignore patterns."""
+    info = {"method": None, "ignore": []}
+    config = cfgs.get("config") or {}
+    hf = cfgs.get("hf_quant_config")
+    qc = config.get("quantization_config")
+    if qc is None:
+        qc = (config.get("text_config") or {}).get("quantization_config")
+    if hf is not None:
+        q = hf.get("quantization", hf)
+        info["method"] = "modelopt"
+        info["algo"] = q.get("quant_algo")
+        info["ignore"] = list(q.get("exclude_modules") or []) + list(q.get("ignore") or [])
+        info["group_size"] = q.get("group_size", GROUP_SIZE)
+    elif isinstance(qc, dict) and qc.get("quant_method") is not None:
+        method = qc["quant_method"]
+        info["method"] = method
+        if method == "modelopt":
+            q = qc.get("quantization", qc)
+            info["algo"] = q.get("quant_algo")
+            info["ignore"] = list(q.get("ignore") or []) + list(q.get("exclude_modules") or [])
+            info["group_size"] = q.get("group_size", GROUP_SIZE)
+        elif method == "compressed-tensors":
+            info["ignore"] = list(qc.get("ignore") or [])
+            fmt = qc.get("format")
+            groups = qc.get("config_groups") or {}
+            fmts = {fmt} | {g.get("format") for g in groups.values() if isinstance(g, dict)}
+            info["format"] = fmt
+            if _CT_FORMAT not in fmts:
+                raise load_error(
+                    f"compressed-tensors format expected {_CT_FORMAT!r} but got {fmt!r} "
+                    "(not an NVFP4 checkpoint)."
+                )
+            for name, g in groups.items():
+                wq = (g or {}).get("weights") or {}
+                gs = wq.get("group_size")
+                if wq.get("type") == "float" and wq.get("num_bits") == 4 and gs not in (None, GROUP_SIZE):
+                    raise load_error(f"config_groups.{name}.weights.group_size expected 16 but got {gs}.")
+    elif "quantization" in config:
+        q = config["quantization"]
+        info["method"] = "mlx"
+        info["mode"] = q.get("mode", "affine")
+    if info["method"] == "modelopt":
+        algo = info.get("algo")
+        if algo not in _MODELOPT_ALGOS:
+            raise load_error(f"ModelOpt quant_algo expected one of {_MODELOPT_ALGOS} but got {algo!r}.")
+        if info.get("group_size", GROUP_SIZE) != GROUP_SIZE:
+            raise load_error(f"ModelOpt group_size expected 16 but got {info['group_size']}.")
+    elif info["method"] == "mlx":
+        if info["mode"] != "nvfp4":
+            raise load_error(f"MLX quantization mode expected 'nvfp4' but got {info['mode']!r}.")
+    elif info["method"] not in (None, "compressed-tensors"):
+        raise load_error(f"quant_method {info['method']!r} is not an NVFP4 format.")
+    return info
+
+
+def match_pattern(name: str, patterns: Iterable[str]) -> Optional[str]:
+    """The first ModelOpt (fnmatch) / compressed-tensors ("re:" regex) pattern
+    matching the module ``name``, else None."""
+    for pat in patterns:
+        if not isinstance(pat, str):
+            continue
+        if pat.startswith("re:"):
+            if re.match(pat[3:], name):
+                return pat
+        elif fnmatch.fnmatchcase(name, pat):
+            return pat
+    return None
+
+
+def _packed_dims(p: str, name: str, w: mx.array) -> Tuple[int, int]:
+    if w.dtype != mx.uint8 or w.ndim != 2 or w.shape[1] % 8 != 0:
+        raise load_error(
+            f"{p}.{name} expected uint8 [N, K/2] with K a multiple of 16 but got {describe(w)}."
+        )
+    return w.shape[0], w.shape[1] * 2
+
+
+def _check_block_scales(p: str, name: str, s: mx.array, n: int, k: int, wname: str):
+    want = [n, k // GROUP_SIZE]
+    if s.dtype != mx.uint8 or list(s.shape) != want:
+        raise load_error(
+            f"{p}.{name} expected float8_e4m3fn (read as uint8) {want} for {p}.{wname} "
+            f"(K={k}) but got {describe(s)}."
+        )
+
+
+def _scalar(p: str, name: str, t: mx.array) -> mx.array:
+    if t.size != 1 or not mx.issubdtype(t.dtype, mx.floating):
+        raise load_error(f"{p}.{name} expected a float32 scalar ([] or [1]) but got {describe(t)}.")
+    return t.reshape(()).astype(mx.float32)
+
+
+def from_modelopt(p, w, get):
+    n, k = _packed_dims(p, "weight", w)
+    s = get("weight_scale")
+    _check_block_scales(p, "weight_scale", s, n, k, "weight")
+    out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
+    ws2 = get("weight_scale_2", None)
+    if ws2 is not None:
+        out[f"{p}.global_scale"] = global_scale_from_multiplier(_scalar(p, "weight_scale_2", ws2))
+    return out
+
+
+def from_compressed_tensors(p, w, get):
+    n, k = _packed_dims(p, "weight_packed", w)
+    s = get("weight_scale")
+    _check_block_scales(p, "weight_scale", s, n, k, "weight_packed")
+    shape = get("weight_shape", None)
+    if shape is not None:
+        got = [int(v) for v in np.array(shape).reshape(-1)]
+        if got != [n, k]:
+            raise load_error(f"{p}.weight_shape expected [{n}, {k}] but got {got}.")
+    out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
+    g = get("weight_global_scale", None)
+    if g is not None:
+        out[f"{p}.global_scale"] = global_scale_from_divisor(_scalar(p, "weight_global_scale", g))
+    return out
+
+
+def from_mlx(p, w, get):
+    if get("biases", None) is not None:
+        raise load_error(f"{p}.biases present: {p} is affine-quantized, not nvfp4.")
+    if w.dtype == mx.uint8:
+        n, k = _packed_dims(p, "weight", w)
+        w = w.view(mx.uint32)
+    elif w.dtype == mx.uint32 and w.ndim == 2:
+        n, k = w.shape[0], w.shape[1] * 8
+    else:
+        raise load_error(f"{p}.weight expected uint32 [N, K/8] but got {describe(w)}.")
+    s = get("scales")
+    if s.dtype == mx.uint8 and s.ndim == 2 and s.shape[0] == n and s.shape[1] * 32 == k:
+        raise load_error(
+            f"{p}.scales expected uint8 [{n}, {k // GROUP_SIZE}] but got {describe(s)}: "
+            "group size 32 (mxfp4), not nvfp4."
+        )
+    _check_block_scales(p, "scales", s, n, k, "weight")
+    out = {f"{p}.weight": w, f"{p}.scales": s}
+    gs = get("global_scale", None)
+    if gs is not None:  # already MLX's convention
+        out[f"{p}.global_scale"] = _scalar(p, "global_scale", gs).reshape(GLOBAL_SCALE_SHAPE)
+    return out
+
+
+DIALECT_KEYS = {
+    "compressed-tensors": (
+        "weight_packed",
+        "weight_scale",
+        "weight_global_scale",
+        "input_global_scale",
+        "weight_shape",
+    ),
+    "modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
+    "mlx": ("weight", "scales", "global_scale", "biases"),
+}
+
+
+ACTIVATION_SCALES = ("input_scale", "input_global_scale", "k_scale", "v_scale")
+
+
+def classify(weights: dict) -> Dict[str, str]:
+    """prefix -> dialect for every layer that looks NVFP4-quantized."""
+    layers = {}
+    for key in weights:
+        p, _, name = key.rpartition(".")
+        if not p or p in layers:
+            continue
+        if name == "weight_packed":
+            layers[p] = "compressed-tensors"
+        elif name == "weight_scale" and f"{p}.weight_packed" in weights:
+            layers[p] = "compressed-tensors"
+        elif name in ("weight_scale", "weight_scale_2") and f"{p}.weight" in weights:
+            layers[p] = "modelopt"
+        elif name == "scales" and f"{p}.weight" in weights and weights[f"{p}.weight"].ndim == 2:
+            layers[p] = "mlx"
+    return layers

@@ -1,0 +1,373 @@
+"""FP4Linear: an ``mlx.nn.QuantizedLinear(mode="nvfp4")`` whose forward pass is
+``mlx_fp4.w4a16_matmul``, and its LoRA class for mlx-lm.
+
+``FP4Linear`` keeps QuantizedLinear's parameter names, dtypes and shapes (``weight`` uint32
+``[N, K/8]``, ``scales`` uint8 ``[N, K/16]``, optional ``bias`` ``[N]``) and its
+``group_size``, ``bits`` and ``mode`` attributes, so mlx-lm, LoRA and ``shard_linear`` see the
+layer they expect. The bias is fused into the matmul epilogue.
+
+The optional global scale is a *parameter*, ``global_scale`` fp32 ``[1]`` in MLX's convention
+(the tensor amax, as ``mx.quantize``/``mx.dequantize`` and mlx-lm's ``QuantizedSwitchLinear``
+take it; the weights decode as ``e2m1 * e4m3 * global_scale / 2688``). So every tool that walks
+parameters carries it (``tree_flatten(model.parameters())``, ``mlx_lm.utils.save_model``), and
+the tools that would drop it raise instead of computing without it: MLX's ``shard_linear``
+(``global_scale`` cannot be split or put into MLX's sharded layer), ``mlx_lm.load`` of a saved
+model (MLX's QuantizedLinear has no such parameter) and ``mlx_lm.utils.dequantize_model``
+(reading ``biases`` of a layer with a global scale raises, see :class:`GlobalScaleMixin`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from .. import ops
+from ..formats import BITS, GROUP_SIZE, MODE, as_global_scale, check_config, check_scales, dtype_name
+
+__all__ = [
+    "FP4Linear",
+    "GlobalScaleMixin",
+    "is_fp4_linear",
+    "is_mlx_nvfp4",
+    "linear_kind",
+    "random_fp4_weight",
+    "swap_modules",
+    "to_fp4_linear",
+]
+
+
+def linear_kind(m) -> Optional[str]:
+    """'linear' for nn.Linear, 'nvfp4' for an MLX nvfp4 QuantizedLinear,
+    'fp4' for FP4Linear, 'other' for other QuantizedLinear modes, else None."""
+    if isinstance(m, FP4Linear):
+        return "fp4"
+    if isinstance(m, nn.QuantizedLinear):
+        if getattr(m, "mode", None) == MODE and m.get("biases") is None:
+            return "nvfp4"
+        return "other"
+    if isinstance(m, nn.Linear):
+        return "linear"
+    return None
+
+
+# --------------------------------------------------------------------------- #
+# FP4Linear
+# --------------------------------------------------------------------------- #
+class GlobalScaleMixin:
+    """The ``global_scale`` parameter of an FP4 layer: set it to None, a float or a scalar
+    array (MLX's convention, the amax); it is stored as a frozen fp32 ``[1]`` parameter, or
+    not at all. ``biases`` is None (nvfp4 has no zero points) but reading it on a layer with a
+    global scale raises: code that decodes ``(weight, scales, biases)`` itself, such as
+    ``mlx_lm.utils.dequantize_model``, would silently drop the scale."""
+
+    def __setattr__(self, key, val):
+        if key == "global_scale":
+            val = as_global_scale(val, f"{type(self).__name__}.global_scale")
+            super().__setattr__(key, val)
+            if val is not None:
+                self.freeze(recurse=False, keys=["global_scale"])
+            return
+        super().__setattr__(key, val)
+
+    @property
+    def biases(self):
+        if "global_scale" in self:
+            raise ValueError(
+                f"[{type(self).__name__}] this layer has a global_scale, which code reading "
+                "(weight, scales, biases) such as mlx_lm.utils.dequantize_model would drop; "
+                "use mlx_fp4.nn.dequantize(model) or layer.dequantized_weight()."
+            )
+        return None
+
+
+class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
+    """NVFP4 weight-only linear layer backed by ``mlx_fp4.w4a16_matmul``.
+
+    Args:
+        input_dims (int): K, a multiple of 16.
+        output_dims (int): N.
+        bias (bool): add a bias (fused into the matmul epilogue). Default ``True``.
+        group_size, bits, mode: accepted for ``QuantizedLinear`` compatibility;
+            must be ``16``, ``4`` and ``"nvfp4"`` (or ``None``).
+        global_scale: optional per-tensor scale in MLX's convention (the amax, a float or
+            an fp32 scalar); the dequantized weight is ``e2m1 * e4m3 * global_scale / 2688``.
+
+    Like ``QuantizedLinear`` the parameters are frozen and the constructor
+    fills them with a quantized random weight.
+    """
+
+    def __init__(
+        self,
+        input_dims: int,
+        output_dims: int,
+        bias: bool = True,
+        group_size: Optional[int] = None,
+        bits: Optional[int] = None,
+        mode: str = MODE,
+        *,
+        global_scale=None,
+    ):
+        nn.Module.__init__(self)
+        self._init_config(group_size, bits, mode, input_dims, output_dims)
+        self.weight, self.scales = random_fp4_weight(output_dims, input_dims, input_dims)
+        if bias:
+            self.bias = mx.zeros((output_dims,))
+        self.global_scale = global_scale
+        self.freeze()
+
+    # -- construction helpers ------------------------------------------------
+    def _init_config(self, group_size, bits, mode, input_dims, output_dims):
+        check_config(group_size, bits, mode, "FP4Linear")
+        if input_dims <= 0 or output_dims <= 0:
+            raise ValueError(
+                f"[FP4Linear] input_dims and output_dims expected > 0 but got "
+                f"{input_dims} and {output_dims}."
+            )
+        if input_dims % GROUP_SIZE != 0:
+            raise ValueError(
+                f"[FP4Linear] input_dims expected a multiple of 16 (nvfp4 block) "
+                f"but got {input_dims}."
+            )
+        self.group_size = GROUP_SIZE
+        self.bits = BITS
+        self.mode = MODE
+        self.global_scale = None
+
+    @classmethod
+    def _empty(cls, input_dims, output_dims):
+        """An instance with config set but no weight (filled by the caller)."""
+        ql = cls.__new__(cls)
+        nn.Module.__init__(ql)
+        ql._init_config(None, None, MODE, input_dims, output_dims)
+        return ql
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear_layer: nn.Module,
+        group_size: Optional[int] = None,
+        bits: Optional[int] = None,
+        mode: str = MODE,
+        *,
+        global_scale=False,
+    ) -> "FP4Linear":
+        """Quantize an ``nn.Linear`` (round-to-nearest-even E2M1, E4M3 scales).
+
+        ``global_scale=True`` also computes the per-tensor scale ``amax(|W|)`` (MLX's
+        convention), which keeps small-magnitude tensors away from the E4M3 underflow
+        range; a value (e.g. the amax of the whole tensor this one is a shard of) is used as
+        given.
+        """
+        check_config(group_size, bits, mode, "FP4Linear.from_linear")
+        output_dims, input_dims = linear_layer.weight.shape
+        ql = cls._empty(input_dims, output_dims)
+        if global_scale is True:
+            packed, scales, gs = ops.quantize(linear_layer.weight, global_scale=True)
+            ql.global_scale = gs
+        elif global_scale is False or global_scale is None:
+            packed, scales = ops.quantize(linear_layer.weight)
+        else:
+            ql.global_scale = global_scale  # checked here, before any work
+            packed, scales = ops.quantize(linear_layer.weight, global_scale=ql["global_scale"])
+        ql.weight = packed.view(mx.uint32)
+        ql.scales = scales
+        if "bias" in linear_layer:
+            ql.bias = linear_layer.bias
+        ql.freeze()
+        return ql
+
+    @classmethod
+    def from_quantized(cls, qlinear: nn.Module, *, global_scale=None) -> "FP4Linear":
+        """Wrap an MLX ``QuantizedLinear(mode="nvfp4")`` without copying bytes.
+
+        The new layer holds the very same ``weight``/``scales``/``bias`` arrays.
+        ``global_scale`` (MLX's convention, the amax) may be attached; an ``FP4Linear``
+        input keeps its own unless one is given.
+        """
+        kind = linear_kind(qlinear)
+        if kind not in ("nvfp4", "fp4"):
+            mode = getattr(qlinear, "mode", None)
+            raise ValueError(
+                "[FP4Linear.from_quantized] qlinear expected a QuantizedLinear with "
+                f"mode='nvfp4' but got {type(qlinear).__name__}"
+                + (f" with mode={mode!r}" if mode is not None else "")
+                + "."
+            )
+        w = qlinear.weight
+        if w.dtype != mx.uint32 or w.ndim != 2:
+            raise ValueError(
+                "[FP4Linear.from_quantized] weight expected uint32 [N, K/8] but got "
+                f"{dtype_name(w.dtype)} {list(w.shape)}."
+            )
+        output_dims, input_dims = w.shape[0], w.shape[1] * 8
+        ql = cls._empty(input_dims, output_dims)
+        check_scales(qlinear.scales, output_dims, input_dims, "FP4Linear.from_quantized")
+        ql.weight = w
+        ql.scales = qlinear.scales
+        if "bias" in qlinear:
+            ql.bias = qlinear.bias
+        if global_scale is None and kind == "fp4":
+            global_scale = qlinear.get("global_scale")
+        ql.global_scale = global_scale
+        ql.freeze()
+        return ql
+
+    # -- attributes ----------------------------------------------------------
+    @property
+    def input_dims(self) -> int:
+        return self.weight.shape[1] * 32 // self.bits
+
+    @property
+    def output_dims(self) -> int:
+        return self.weight.shape[0]
+
+    def _extra_repr(self):
+        s = super()._extra_repr()
+        if "global_scale" in self:
+            s += ", global_scale=True"
+        return s
+
+    # -- math ----------------------------------------------------------------
+    def __call__(self, x: mx.array) -> mx.array:
+        bias = self.get("bias")
+        if bias is None:
+            return ops.w4a16_matmul(
+                x, self["weight"], self["scales"], global_scale=self.get("global_scale")
+            )
+        # nn.QuantizedLinear computes (x @ W^T) in x.dtype, then `+ bias`, which
+        # promotes; keep that output dtype but add the bias in fp32, fused.
+        return ops.w4a16_matmul(
+            x,
+            self["weight"],
+            self["scales"],
+            global_scale=self.get("global_scale"),
+            epilogue=[("add", bias)],
+            out_dtype=mx.result_type(x.dtype, bias.dtype),
+        )
+
+    def dequantized_weight(self, dtype=mx.float32) -> mx.array:
+        """The dense ``[N, K]`` weight, global scale included."""
+        return ops.dequantize(
+            self["weight"],
+            self["scales"],
+            k=self.input_dims,
+            global_scale=self.get("global_scale"),
+            dtype=dtype,
+        )
+
+    def to_linear(self, dtype=mx.bfloat16) -> nn.Linear:
+        """An ``nn.Linear`` holding the dequantized weight (and the bias)."""
+        has_bias = "bias" in self
+        lin = nn.Linear(self.input_dims, self.output_dims, bias=has_bias)
+        lin.weight = self.dequantized_weight(dtype)
+        if has_bias:
+            lin.bias = self.bias
+        return lin
+
+    # -- mlx-lm LoRA hook ----------------------------------------------------
+    def to_lora(self, r: int = 8, dropout: float = 0.0, scale: float = 20.0):
+        """Used by ``mlx_lm.tuner.utils.linear_to_lora_layers``: a ``LoRALinear``
+        whose ``fuse()`` honours the global scale and re-quantizes to FP4Linear."""
+        return _fp4_lora_class().from_base(self, r=r, dropout=dropout, scale=scale)
+
+
+@functools.lru_cache(maxsize=None)
+def _fp4_lora_class():
+    from mlx_lm.tuner.lora import LoRALinear
+
+    class FP4LoRALinear(LoRALinear):
+        """mlx-lm ``LoRALinear`` over an :class:`FP4Linear` base."""
+
+        @staticmethod
+        def from_base(linear, r: int = 8, dropout: float = 0.0, scale: float = 20.0):
+            lora = FP4LoRALinear(
+                input_dims=linear.input_dims,
+                output_dims=linear.output_dims,
+                r=r,
+                dropout=dropout,
+                scale=scale,
+            )
+            lora.linear = linear
+            return lora
+
+        def fuse(self, dequantize: bool = False):
+            linear = self.linear
+            if not isinstance(linear, FP4Linear):
+                return super().fuse(dequantize)
+            w = linear.dequantized_weight(mx.float32)
+            delta = (self.scale * self.lora_b.T.astype(mx.float32)) @ self.lora_a.T.astype(
+                mx.float32
+            )
+            dtype = self.lora_a.dtype
+            fused = nn.Linear(linear.input_dims, linear.output_dims, bias="bias" in linear)
+            fused.weight = (w + delta).astype(dtype)
+            if "bias" in linear:
+                fused.bias = linear.bias
+            if dequantize:
+                return fused
+            return FP4Linear.from_linear(fused, global_scale="global_scale" in linear)
+
+    return FP4LoRALinear
+
+
+def random_fp4_weight(rows: int, cols: int, fan_in: int):
+    """(weight uint32, scales): a uniform(+-1/sqrt(fan_in)) weight quantized, the way
+    QuantizedLinear's constructor fills a new layer."""
+    bound = math.sqrt(1.0 / fan_in)
+    w = mx.random.uniform(low=-bound, high=bound, shape=(rows, cols))
+    packed, scales = ops.quantize(w)
+    return packed.view(mx.uint32), scales
+
+
+def swap_modules(model: nn.Module, make) -> nn.Module:
+    """Replace every sub-module ``m`` at ``path`` for which ``make(path, m)`` returns a
+    module (None: keep); in place, returns ``model``."""
+    new = []
+    for path, m in model.named_modules():
+        if path:
+            r = make(path, m)
+            if r is not None:
+                new.append((path, r))
+    if new:
+        model.update_modules(tree_unflatten(new))
+    return model
+
+
+def is_fp4_linear(m) -> bool:
+    return isinstance(m, FP4Linear)
+
+
+def is_mlx_nvfp4(m) -> bool:
+    """An MLX nn.QuantizedLinear(mode="nvfp4") that is not an FP4Linear."""
+    return linear_kind(m) == "nvfp4"
+
+
+def to_fp4_linear(m: nn.Module, global_scale, where: str) -> nn.Module:
+    """One linear as an FP4Linear: an ``nn.Linear`` is quantized (``global_scale`` True:
+    compute one, a value: use it), an MLX nvfp4 ``QuantizedLinear`` wrapped without copying
+    bytes (``global_scale`` a value to attach, a bool: none), an FP4Linear returned as is."""
+    kind = linear_kind(m)
+    if kind == "fp4":
+        return m
+    if kind == "linear":
+        k = m.weight.shape[-1]
+        if k % GROUP_SIZE != 0:
+            raise ValueError(
+                f"[{where}] weight input dims expected a multiple of 16 but got {k}."
+            )
+        return FP4Linear.from_linear(m, global_scale=global_scale)
+    if kind == "nvfp4":
+        # bytes are kept as they are: a *value* may be attached, True cannot be computed
+        if isinstance(global_scale, bool) or global_scale is None:
+            return FP4Linear.from_quantized(m)
+        return FP4Linear.from_quantized(m, global_scale=global_scale)
+    raise ValueError(
+        f"[{where}] unable to convert {type(m).__name__}"
+        + (f" (mode={m.mode!r})" if kind == "other" else "")
+        + " to FP4Linear."
+    )

@@ -1,0 +1,211 @@
+"""FP4SwitchLinear: mlx-lm's ``QuantizedSwitchLinear(mode="nvfp4")`` (the experts of an MoE
+layer) with ``mlx_fp4.gather_w4a16_matmul`` as its forward pass.
+
+Same parameters as mlx-lm's layer: ``weight`` uint32 ``[E, N, K/8]``, ``scales`` uint8
+``[E, N, K/16]``, optional ``global_scale`` fp32 ``[E]`` (MLX's convention: each expert's amax,
+multiplier ``global_scale / 2688``) and ``bias`` ``[E, N]``; same ``__call__(x, indices,
+sorted_indices=False)``, so mlx-lm's ``SwitchGLU`` / ``SwitchMLP`` run it unchanged. The
+expert bias is fused into the matmul epilogue. mlx-lm is imported only where its classes are
+needed (it is an optional dependency).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import ops
+from ..formats import BITS, E2M1_E4M3_MAX, GROUP_SIZE, MODE, check_config, describe
+
+__all__ = ["FP4SwitchLinear", "is_switch_linear", "switch_kind", "to_fp4_switch_linear"]
+
+
+def switch_kind(m) -> Optional[str]:
+    """'switch' for mlx-lm's SwitchLinear, 'nvfp4-switch' for its nvfp4 QuantizedSwitchLinear,
+    'fp4-switch' for FP4SwitchLinear, 'other-switch' for other quantized modes, else None."""
+    if isinstance(m, FP4SwitchLinear):
+        return "fp4-switch"
+    try:
+        from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+    except ImportError:
+        return None
+    if isinstance(m, QuantizedSwitchLinear):
+        return "nvfp4-switch" if m.mode == MODE and m.get("biases") is None else "other-switch"
+    if isinstance(m, SwitchLinear):
+        return "switch"
+    return None
+
+
+def is_switch_linear(m) -> bool:
+    return switch_kind(m) is not None
+
+
+def _quantize_experts(w: mx.array, global_scale: bool):
+    """Stacked [E, N, K] weights -> (uint32 weight, scales, global_scale [E] or None): the bytes
+    mlx-lm's SwitchLinear.to_quantized(mode="nvfp4") makes (MLX's quantizer, per-expert amax)."""
+    if not global_scale:
+        q, s = mx.quantize(w, GROUP_SIZE, BITS, mode=MODE)[:2]
+        return q, s, None
+    gs = mx.max(mx.abs(w), axis=(-2, -1)).astype(mx.float32)
+    parts = [mx.quantize(w[e], GROUP_SIZE, BITS, mode=MODE, global_scale=gs[e])[:2] for e in range(w.shape[0])]
+    return mx.stack([q for q, _ in parts]), mx.stack([s for _, s in parts]), gs
+
+
+class FP4SwitchLinear(nn.Module):
+    """NVFP4 experts ``[E, N, K]`` backed by ``mlx_fp4.gather_w4a16_matmul``.
+
+    Args:
+        input_dims (int): K, a multiple of 16.
+        output_dims (int): N.
+        num_experts (int): E.
+        bias (bool): one bias row per expert. Default ``True`` (as mlx-lm).
+        group_size, bits, mode: accepted for ``QuantizedSwitchLinear`` compatibility; must be
+            ``16``, ``4`` and ``"nvfp4"`` (or ``None``).
+        global_scale (bool): keep a per-expert global scale (random init). Default ``False``.
+
+    Like ``QuantizedSwitchLinear`` the parameters are frozen and filled with a quantized
+    random weight.
+    """
+
+    def __init__(
+        self,
+        input_dims: int,
+        output_dims: int,
+        num_experts: int,
+        bias: bool = True,
+        group_size: Optional[int] = None,
+        bits: Optional[int] = None,
+        mode: str = MODE,
+        global_scale: bool = False,
+    ):
+        super().__init__()
+        check_config(group_size, bits, mode, "FP4SwitchLinear")
+        if input_dims % GROUP_SIZE != 0 or input_dims <= 0 or output_dims <= 0 or num_experts <= 0:
+            raise ValueError(
+                "[FP4SwitchLinear] input_dims expected a positive multiple of 16 and output_dims, "
+                f"num_experts > 0 but got {input_dims}, {output_dims}, {num_experts}."
+            )
+        self.group_size, self.bits, self.mode = GROUP_SIZE, BITS, MODE
+        scale = math.sqrt(1 / input_dims)
+        w = mx.random.uniform(-scale, scale, (num_experts, output_dims, input_dims))
+        self.weight, self.scales, gs = _quantize_experts(w, global_scale)
+        self.global_scale = gs
+        self.biases = None
+        if bias:
+            self.bias = mx.zeros((num_experts, output_dims))
+        self.freeze()
+
+    @classmethod
+    def _check(cls, m: "FP4SwitchLinear", where: str) -> "FP4SwitchLinear":
+        if m.weight.ndim != 3:
+            raise ValueError(f"[{where}] weight expected uint32 [E, N, K/8] but got {describe(m.weight)}.")
+        e, n, words = m.weight.shape
+        k = words * 32 // BITS
+        if m.weight.dtype != mx.uint32 or m.scales.dtype != mx.uint8 or m.scales.shape != (e, n, k // GROUP_SIZE):
+            raise ValueError(
+                f"[{where}] expected weight uint32 [E, N, K/8] and scales uint8 [E, N, K/16] but got "
+                f"{describe(m.weight)} and {describe(m.scales)}."
+            )
+        gs = m.get("global_scale")
+        if gs is not None and (gs.dtype != mx.float32 or gs.shape not in ((), (e,))):
+            raise ValueError(f"[{where}] global_scale expected float32 [E] = [{e}] but got {describe(gs)}.")
+        return m
+
+    @classmethod
+    def from_arrays(cls, weight, scales, global_scale=None, bias=None, where="FP4SwitchLinear.from_arrays"):
+        """A layer holding these arrays as they are (checked: uint32 weight [E, N, K/8], uint8
+        scales [E, N, K/16], float32 global_scale [E] in MLX's convention or None, bias [E, N])."""
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m.group_size, m.bits, m.mode = GROUP_SIZE, BITS, MODE
+        m.weight, m.scales, m.global_scale = weight, scales, global_scale
+        m.biases = None
+        if bias is not None:
+            m.bias = bias
+        m.freeze()
+        return cls._check(m, where)
+
+    @classmethod
+    def from_quantized(cls, qsl: nn.Module) -> "FP4SwitchLinear":
+        """Wrap an nvfp4 ``QuantizedSwitchLinear`` without copying its arrays."""
+        if switch_kind(qsl) != "nvfp4-switch":
+            raise ValueError(
+                f"[FP4SwitchLinear.from_quantized] expected an nvfp4 QuantizedSwitchLinear but got "
+                f"{type(qsl).__name__} (mode {getattr(qsl, 'mode', None)!r})."
+            )
+        return cls.from_arrays(qsl["weight"], qsl["scales"], qsl.get("global_scale"), qsl.get("bias"),
+                               "FP4SwitchLinear.from_quantized")
+
+    @classmethod
+    def from_switch_linear(cls, sl: nn.Module, global_scale: bool = False) -> "FP4SwitchLinear":
+        """Quantize an mlx-lm ``SwitchLinear`` (each expert on its own), as its
+        ``to_quantized(mode="nvfp4", global_scale=...)`` does."""
+        k = sl.weight.shape[-1]
+        if k % GROUP_SIZE:
+            raise ValueError(f"[FP4SwitchLinear.from_switch_linear] input dims expected a multiple of 16 but got {k}.")
+        q, s, gs = _quantize_experts(sl.weight, global_scale)
+        return cls.from_arrays(q, s, gs, sl.get("bias"), "FP4SwitchLinear.from_switch_linear")
+
+    @property
+    def input_dims(self) -> int:
+        return self.scales.shape[2] * GROUP_SIZE
+
+    @property
+    def output_dims(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def num_experts(self) -> int:
+        return self.weight.shape[0]
+
+    def _extra_repr(self):
+        gs = "" if self.get("global_scale") is None else ", global_scale=True"
+        return f"{self.input_dims}, {self.output_dims}, {self.num_experts}, bias={'bias' in self}{gs}"
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        epilogue = None
+        if "bias" in self:
+            epilogue = [("add", mx.expand_dims(self["bias"][indices], -2))]
+        return ops.gather_w4a16_matmul(
+            x,
+            self["weight"],
+            self["scales"],
+            rhs_indices=indices,
+            global_scale=self.get("global_scale"),
+            epilogue=epilogue,
+            sorted_indices=sorted_indices,
+        )
+
+    def dequantized_weight(self, dtype=mx.float32) -> mx.array:
+        """``[E, N, K]``: e2m1 * e4m3 (* global_scale / 2688 per expert), in fp32 then cast."""
+        w = ops.dequantize(self["weight"], self["scales"], k=self.input_dims, dtype=mx.float32)
+        gs = self.get("global_scale")
+        if gs is not None:
+            w = w * (gs.reshape(-1, 1, 1) / mx.array(E2M1_E4M3_MAX, mx.float32))
+        return w.astype(dtype)
+
+    def to_switch_linear(self, dtype=mx.bfloat16) -> nn.Module:
+        """An mlx-lm ``SwitchLinear`` with the dequantized weights."""
+        from mlx_lm.models.switch_layers import SwitchLinear
+
+        sl = SwitchLinear(self.input_dims, self.output_dims, self.num_experts, bias="bias" in self)
+        sl.weight = self.dequantized_weight(dtype)
+        if "bias" in self:
+            sl.bias = self["bias"]
+        return sl
+
+
+def to_fp4_switch_linear(m: nn.Module, global_scale: bool, where: str) -> nn.Module:
+    """The FP4 form of an mlx-lm switch layer: SwitchLinear quantized, nvfp4
+    QuantizedSwitchLinear wrapped, FP4SwitchLinear kept; anything else is a ValueError."""
+    kind = switch_kind(m)
+    if kind == "fp4-switch":
+        return m
+    if kind == "nvfp4-switch":
+        return FP4SwitchLinear.from_quantized(m)
+    if kind == "switch":
+        return FP4SwitchLinear.from_switch_linear(m, global_scale)
+    raise ValueError(f"[{where}] expected a SwitchLinear or an nvfp4 QuantizedSwitchLinear but got {type(m).__name__}.")

@@ -1,0 +1,189 @@
+"""mx_fp4.gather_w4a16_matmul against the float64 reference (gather_reference.py) and against
+mx.gather_qmm(mode="nvfp4") on the same bytes: mlx-lm's call patterns (top-k decode, sorted
+prefill), lhs + rhs indices, batch dims, repeats, both layouts, global scales, the chain."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import gather_reference as gref
+import mlx_fp4 as mx_fp4
+import reference as ref
+from common import (
+    MLX_GATHER_QMM_TOL,
+    TOLERANCES,
+    assert_close,
+    error_bound,
+    param,
+    rand_weights,
+    rand_x,
+    rng,
+)
+
+
+def experts(e, n, k, g, layout="uint8"):
+    """Stacked random experts: (w [E, N, bytes], scales [E, N, blocks]) as mx arrays."""
+    parts = [rand_weights(n, k, g, layout=layout) for _ in range(e)]
+    return mx.stack([p[0] for p in parts]), mx.stack([p[1] for p in parts])
+
+
+def check_gather(out, x, w, scales, lhs=None, rhs=None, global_scale=None, epilogue=None, out_dtype=None):
+    out_dtype = out_dtype or x.dtype
+    assert out.dtype == out_dtype
+    acc, mag = gref.gather_matmul_with_magnitude(x, w, scales, lhs, rhs, global_scale)
+    k = x.shape[-1]
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(x.dtype, out_dtype)], epilogue, global_scale)
+    assert_close(out, y, bound, what=f"gather_w4a16_matmul x={x.dtype} out={out_dtype}")
+
+
+def topk_indices(g, tokens, top_k, e, sort=False):
+    """Distinct experts per token (as a router gives), or the flat sorted list of mlx-lm's prefill."""
+    idx = np.stack([g.choice(e, size=top_k, replace=False) for _ in range(tokens)]).astype(np.int32)
+    return np.sort(idx.reshape(-1)) if sort else idx
+
+
+@pytest.mark.parametrize(
+    "dtype,layout,tokens,top_k,e,n,k",
+    [
+        param(dt, lay, t, tk, e, n, k, dtype=dt, layout=lay, T=t, top=tk, E=e, N=n, K=k)
+        for dt, lay in [(mx.bfloat16, "uint32"), (mx.float32, "uint8"), (mx.float16, "uint8")]
+        for (t, tk, e, n, k) in [(1, 2, 4, 40, 64), (5, 3, 6, 33, 17), (16, 4, 8, 64, 96), (3, 2, 3, 7, 1)]
+    ],
+)
+def test_decode_topk(device, dtype, layout, tokens, top_k, e, n, k):
+    """SwitchGLU at decode: x [T, 1, 1, K], rhs [T, top_k] unsorted, lhs the default."""
+    g = rng("decode", tokens, top_k, e, n, k, layout)
+    w, s = experts(e, n, k, g, layout)
+    x = rand_x((tokens, 1, 1, k), dtype, g)
+    idx = mx.array(topk_indices(g, tokens, top_k, e))
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx)
+    assert out.shape == (tokens, top_k, 1, n)
+    check_gather(out, x, w, s, rhs=idx)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_sorted_prefill_large_groups(device, m):
+    """mlx-lm's sorted path: x [P, M, K], rhs sorted [P]; groups past the GEMV crossover."""
+    g = rng("prefill", m)
+    e, n, k, pairs = 3, 48, 80, 70
+    w, s = experts(e, n, k, g)
+    x = rand_x((pairs, m, k), mx.bfloat16, g)
+    rhs = mx.array(np.sort(g.integers(0, e, size=pairs)).astype(np.uint32))
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=True)
+    assert out.shape == (pairs, m, n)
+    check_gather(out, x, w, s, rhs=rhs)
+
+
+def test_lhs_and_rhs_with_batch_dims_and_repeats(device):
+    """Both index arrays, broadcast against each other, into 2-D batch dims of x and w."""
+    g = rng("lhs-rhs")
+    k, n, m = 40, 24, 2
+    w, s = experts(6, n, k, g)
+    w, s = w.reshape(2, 3, *w.shape[1:]), s.reshape(2, 3, *s.shape[1:])
+    x = rand_x((2, 2, m, k), mx.float32, g)
+    lhs = mx.array(g.integers(0, 4, size=(4, 1)).astype(np.int64))
+    rhs = mx.array(np.array([[5, 5, 0, 2, 5]], np.uint8))
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=lhs, rhs_indices=rhs)
+    assert out.shape == (4, 5, m, n)
+    check_gather(out, x, w, s, lhs=lhs, rhs=rhs)
+
+
+def test_no_indices_broadcasts_batch_dims(device):
+    g = rng("no-idx")
+    w, s = experts(3, 16, 32, g)
+    x = rand_x((2, 1, 4, 32), mx.float32, g)
+    out = mx_fp4.gather_w4a16_matmul(x, w, s)
+    assert out.shape == (2, 3, 4, 16)
+    check_gather(out, x, w, s)
+
+
+@pytest.mark.parametrize("per_expert", [False, True])
+def test_global_scale_and_chain(device, per_expert):
+    """MLX's global scale convention (amax; multiplier gs / 2688), then a chain with a per-pair
+    operand (the expert bias of QuantizedSwitchLinear), an activation and a full gate."""
+    g = rng("gs-chain", per_expert)
+    e, n, k, t, top = 5, 32, 48, 4, 2
+    w, s = experts(e, n, k, g)
+    x = rand_x((t, 1, 1, k), mx.bfloat16, g)
+    idx = mx.array(topk_indices(g, t, top, e))
+    gs = mx.array(g.uniform(1, 600, size=e if per_expert else ()).astype(np.float32))
+    bias = rand_x((e, n), mx.float32, g)[idx][..., None, :]
+    gate = rand_x((t, top, 1, n), mx.float16, g)
+    chain = [("add", bias), "silu", ("mul", gate), ("clamp", -3.0, 3.0)]
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, global_scale=gs, epilogue=chain,
+                                     out_dtype=mx.float32)
+    check_gather(out, x, w, s, rhs=idx, global_scale=gs, epilogue=chain, out_dtype=mx.float32)
+    if not per_expert:
+        out_f = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, global_scale=float(gs.item()))
+        check_gather(out_f, x, w, s, rhs=idx, global_scale=gs)
+
+
+@pytest.mark.parametrize("sort", [False, True])
+def test_same_bytes_as_mx_gather_qmm(device, sort):
+    """MLX's own quantizer output, on MLX's call patterns; MLX's kernels round differently (see
+    MLX_GATHER_QMM_TOL), so both are also held to the float64 reference."""
+    g = rng("mlx", sort)
+    e, n, k, t, top = 8, 64, 128, 6, 3
+    wf = mx.array(g.standard_normal((e, n, k)).astype(np.float32))
+    wq, sq = mx.quantize(wf, mode="nvfp4")[:2]
+    x = rand_x((t, 1, 1, k), mx.float32, g)
+    idx = topk_indices(g, t, top, e)
+    if sort:  # as mlx-lm's _gather_sort: one row per (token, expert), ordered by expert
+        order = np.argsort(idx.reshape(-1), kind="stable")
+        x = x.reshape(t, 1, k)[mx.array(order // top)]
+        idx = idx.reshape(-1)[order]
+    idx = mx.array(idx)
+    ours = mx_fp4.gather_w4a16_matmul(x, wq, sq, rhs_indices=idx, sorted_indices=sort)
+    theirs = mx.gather_qmm(x, wq, sq, rhs_indices=idx, transpose=True, mode="nvfp4", sorted_indices=sort)
+    assert ours.shape == theirs.shape
+    acc, mag = gref.gather_matmul_with_magnitude(x, wq, sq, rhs=idx)
+    check_gather(ours, x, wq, sq, rhs=idx)
+    assert_close(ours, ref.to_numpy(theirs), MLX_GATHER_QMM_TOL * (mag + 1.0), what="vs mx.gather_qmm")
+
+
+def test_reference_ops_match(device):
+    g = rng("refops")
+    w, s = experts(4, 24, 40, g)
+    x = rand_x((3, 1, 1, 40), mx.float32, g)
+    idx = mx.array(topk_indices(g, 3, 2, 4))
+    gs = mx.array([10.0, 20.0, 30.0, 40.0])
+    a = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, global_scale=gs, epilogue=["gelu"])
+    b = mx_fp4.gather_w4a16_matmul_reference_ops(x, w, s, rhs_indices=idx, global_scale=gs, epilogue=["gelu"])
+    check_gather(a, x, w, s, rhs=idx, global_scale=gs, epilogue=["gelu"])
+    check_gather(b, x, w, s, rhs=idx, global_scale=gs, epilogue=["gelu"])
+
+
+def test_one_dimensional_x_without_indices(device):
+    g = rng("1d")
+    w, s, packed = rand_weights(12, 33, g)
+    x = rand_x((33,), mx.float32, g)
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, epilogue=[("add", mx.ones((12,)))])
+    assert out.shape == (12,)
+    check_gather(out[None], x[None], w, s, epilogue=[("add", np.ones(12))])
+
+
+def test_empty_shapes(device):
+    g = rng("empty")
+    w, s = experts(2, 8, 16, g)
+    x = rand_x((3, 0, 16), mx.float32, g)
+    assert mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=mx.array([1, 0, 1])).shape == (3, 0, 8)
+    x = rand_x((1, 1, 16), mx.float32, g)
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=mx.zeros((0,), mx.int32))
+    assert out.shape == (0, 1, 8)
+    mx.eval(out)
+
+
+def test_quantize_stacked_equals_per_expert(device):
+    g = rng("stacked-q")
+    wf = mx.array(g.standard_normal((3, 2, 16, 40)).astype(np.float32))
+    packed, scales, gs = mx_fp4.quantize(wf, global_scale=True)
+    assert packed.shape == (3, 2, 16, 20) and scales.shape == (3, 2, 16, 3) and gs.shape == (3, 2)
+    for i, j in [(0, 0), (2, 1)]:
+        p1, s1, g1 = mx_fp4.quantize(wf[i, j], global_scale=True)
+        assert mx.array_equal(p1, packed[i, j]) and mx.array_equal(s1, scales[i, j])
+        assert gs[i, j].item() == g1.item()
+        d = mx_fp4.dequantize(packed, scales, k=40, global_scale=gs, dtype=mx.float32)[i, j]
+        assert mx.array_equal(d, mx_fp4.dequantize(p1, s1, k=40, global_scale=g1, dtype=mx.float32))
+    p0, s0 = mx_fp4.quantize(wf)
+    p1, s1 = mx_fp4.quantize(wf[1, 0])
+    assert mx.array_equal(p0[1, 0], p1) and mx.array_equal(s0[1, 0], s1)

@@ -1,0 +1,118 @@
+"""Mixture-of-experts end to end on mlx-lm architectures (tiny configs, random weights, no
+downloads): mx_fp4.nn.quantize converts every SwitchLinear to FP4SwitchLinear (and the
+attention to FP4Linear); greedy tokens equal the same model holding the dequantized weights.
+Also: FP4SwitchLinear is a drop-in for mlx-lm's nvfp4 QuantizedSwitchLinear (same bytes, same
+output as mx.gather_qmm)."""
+
+import copy
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from common import assert_close
+from mlx_fp4 import nn as fnn
+
+switch_layers = pytest.importorskip("mlx_lm.models.switch_layers")
+from mlx_lm.generate import generate_step  # noqa: E402
+
+PROMPT = [1, 17, 42, 99, 5, 200, 3, 64, 7, 11]
+STEPS = 8
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              rms_norm_eps=1e-5, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False)
+MODELS = {
+    "qwen3_moe": dict(COMMON, model_type="qwen3_moe", intermediate_size=128, moe_intermediate_size=32,
+                      num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                      norm_topk_prob=True, head_dim=16, rope_theta=10000.0),
+    "mixtral": dict(COMMON, model_type="mixtral", intermediate_size=48, num_local_experts=4,
+                    num_experts_per_tok=2, rope_theta=10000.0),
+}
+
+
+def build(name, seed=0):
+    import importlib
+
+    mod = importlib.import_module(f"mlx_lm.models.{name}")
+    mx.random.seed(seed)
+    model = mod.Model(mod.ModelArgs.from_dict(MODELS[name]))
+    mx.eval(model.parameters())
+    return model
+
+
+def greedy(model, prompt=PROMPT, steps=STEPS):
+    toks, logps = [], []
+    for tok, lp in generate_step(mx.array(prompt), model, max_tokens=steps):
+        toks.append(int(tok))
+        logps.append(np.array(lp.astype(mx.float32)))
+    return toks, np.stack(logps)
+
+
+def same_greedy(got, want, atol=1e-4):
+    (gt, gl), (wt, wl) = got, want
+    for i, (a, b) in enumerate(zip(gt, wt)):
+        np.testing.assert_allclose(gl[i], wl[i], atol=atol, rtol=0, err_msg=f"step {i}")
+        assert a == b or abs(wl[i][a] - wl[i][b]) <= atol, f"step {i}: token {a} != {b}"
+        if a != b:
+            return
+    assert gt == wt
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("global_scale", [False, True])
+def test_quantize_converts_experts_and_decodes_as_dequantized(device, name, global_scale):
+    model = build(name)
+    n_switch = sum(isinstance(m, switch_layers.SwitchLinear) for _, m in model.named_modules())
+    assert n_switch == 3 * MODELS[name]["num_hidden_layers"]
+    fnn.quantize(model, global_scale=global_scale, progress=False)
+    experts = [m for _, m in model.named_modules() if isinstance(m, fnn.FP4SwitchLinear)]
+    assert len(experts) == n_switch
+    assert not any(isinstance(m, switch_layers.SwitchLinear) for _, m in model.named_modules())
+    assert all((m.get("global_scale") is not None) == global_scale for m in experts)
+    twin = copy.deepcopy(model)
+    fnn.dequantize(twin, dtype=mx.float32)
+    assert not any(isinstance(m, fnn.FP4SwitchLinear) for _, m in twin.named_modules())
+    ours = greedy(model)
+    same_greedy(ours, greedy(twin))
+    assert len(set(ours[0])) > 1
+    # A prompt of 40 tokens x top-2 = 80 >= 64 pairs takes mlx-lm's sorted path (sorted_indices).
+    long_prompt = [int(t) for t in np.random.default_rng(0).integers(0, 256, size=40)]
+    same_greedy(greedy(model, long_prompt, 2), greedy(twin, long_prompt, 2))
+
+
+def test_wraps_mlx_nvfp4_quantized_switch_linear_without_copying(device):
+    sl = switch_layers.SwitchLinear(64, 48, 6, bias=True)
+    sl.bias = mx.random.normal((6, 48))
+    qsl = sl.to_quantized(group_size=16, bits=4, mode="nvfp4")
+    fp4 = fnn.FP4SwitchLinear.from_quantized(qsl)
+    assert fp4["weight"] is qsl["weight"] and fp4["scales"] is qsl["scales"]
+    assert {k: v.shape for k, v in tree_flatten(fp4.parameters())} == {
+        k: v.shape for k, v in tree_flatten(qsl.parameters())
+    }
+    x = mx.random.normal((3, 1, 1, 64))
+    idx = mx.array([[0, 5], [2, 2], [4, 1]])
+    ours, theirs = fp4(x, idx), qsl(x, idx)
+    assert ours.shape == theirs.shape
+    t = np.array(theirs)
+    assert_close(ours, t, 2.0**-6 * (np.abs(t) + 1.0), what="FP4SwitchLinear vs QuantizedSwitchLinear")
+    # nn.quantize wraps it in place inside a SwitchGLU.
+    glu = switch_layers.SwitchGLU(64, 32, 4)
+    nn.quantize(glu, group_size=16, bits=4, mode="nvfp4")
+    fnn.quantize(glu, progress=False)
+    assert isinstance(glu.gate_proj, fnn.FP4SwitchLinear)
+    mx.eval(glu(mx.random.normal((2, 5, 64)), mx.array(np.tile([[0, 3]], (2, 5, 1)))))
+
+
+def test_global_scale_layer_runs_on_cpu_where_mlx_cannot(device):
+    """mlx-lm's nvfp4 experts with per-expert global scales: mx.gather_qmm refuses the global
+    scale on the CPU; the FP4 layer computes it (checked against its dequantized weights)."""
+    sl = switch_layers.SwitchLinear(32, 16, 4, bias=False)
+    qsl = sl.to_quantized(group_size=16, bits=4, mode="nvfp4", global_scale=True)
+    fp4 = fnn.FP4SwitchLinear.from_quantized(qsl)
+    assert fp4.global_scale.shape == (4,)
+    x = mx.random.normal((2, 1, 1, 32))
+    idx = mx.array([[1, 3], [0, 1]])
+    want = mx.gather_mm(x, fp4.dequantized_weight().swapaxes(-1, -2), rhs_indices=idx)
+    w = np.array(want)
+    assert_close(fp4(x, idx), w, 1e-5 * (np.abs(w) + 1.0), what="global-scale experts")
