@@ -163,7 +163,7 @@ struct ScaleWord<4> {
 // (the seed's measured M5 layout). Tiles crossing N, the K tail and unaligned scale rows use the
 // per-thread loads.
 template <typename XT, typename OutT, int BM, int BK, bool STAGE>
-[[kernel]] void w4a16_gemm(
+[[max_total_threads_per_threadgroup(kMetalGemmMaxThreads)]] [[kernel]] void w4a16_gemm(
     device const XT* x [[buffer(kMetalBufX)]],
     device const uchar* w [[buffer(kMetalBufW)]],
     device const uchar* scales [[buffer(kMetalBufScales)]],

@@ -81,5 +81,7 @@ FP4_CONST int kMetalMaxThreadsPerThreadgroup = 1024;
 FP4_FN constexpr int metal_gemm_threads(int bm) {
   return (bm / kMetalSgTile) * kMetalSgN * kMetalSimdWidth;
 }
+// The most any GEMM config launches (BM = 128): its [[max_total_threads_per_threadgroup]].
+FP4_CONST int kMetalGemmMaxThreads = metal_gemm_threads(kMetalLargeBM);
 
 }  // namespace fp4
