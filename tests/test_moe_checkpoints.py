@@ -23,6 +23,8 @@ pytest.importorskip("mlx_lm.models.switch_layers")
 HF_EXPERT_NAMES = {
     "qwen3_moe": ("mlp.switch_mlp", "mlp.experts", {"gate_proj": "gate_proj", "up_proj": "up_proj",
                                                     "down_proj": "down_proj"}),
+    "qwen2_moe": ("mlp.switch_mlp", "mlp.experts", {"gate_proj": "gate_proj", "up_proj": "up_proj",
+                                                    "down_proj": "down_proj"}),
     "mixtral": ("block_sparse_moe.switch_mlp", "block_sparse_moe.experts",
                 {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}),
 }

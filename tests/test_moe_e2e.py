@@ -1,5 +1,5 @@
-"""Mixture-of-experts end to end on mlx-lm architectures (tiny configs, random weights, no
-downloads): mx_fp4.nn.quantize converts every SwitchLinear to FP4SwitchLinear (and the
+"""Mixture-of-experts end to end on mlx-lm architectures (Qwen3-MoE, Mixtral, Qwen2-MoE with a
+shared expert; tiny configs, random weights, no downloads): mx_fp4.nn.quantize converts every SwitchLinear to FP4SwitchLinear (and the
 attention to FP4Linear); greedy tokens equal the same model holding the dequantized weights.
 Also: FP4SwitchLinear is a drop-in for mlx-lm's nvfp4 QuantizedSwitchLinear (same bytes, same
 output as mx.gather_qmm)."""
@@ -28,6 +28,10 @@ MODELS = {
                       norm_topk_prob=True, head_dim=16, rope_theta=10000.0),
     "mixtral": dict(COMMON, model_type="mixtral", intermediate_size=48, num_local_experts=4,
                     num_experts_per_tok=2, rope_theta=10000.0),
+    # with a shared expert (dense MLP) and its gate next to the routed experts
+    "qwen2_moe": dict(COMMON, model_type="qwen2_moe", intermediate_size=128, moe_intermediate_size=32,
+                      num_experts=6, num_experts_per_tok=2, shared_expert_intermediate_size=48,
+                      rope_theta=10000.0),
 }
 
 
