@@ -98,6 +98,15 @@ def decode_e4m3(codes):
     return c.view(_F8).astype(np.float64)
 
 
+def multiplier(global_scale):
+    """MLX's global_scale (the tensor amax) -> the decode multiplier the kernels apply:
+    fp32(amax) / fp32(2688) rounded once to fp32, as mx.dequantize(..., mode="nvfp4") computes
+    it. The functions below take the multiplier (kernel-level math); tests of the public ops
+    convert with this (common.check_matmul does)."""
+    g = np.asarray(to_numpy(global_scale), dtype=np.float32).reshape(())  # () or (1,)
+    return np.float32(g / np.float32(E2M1_MAX * E4M3_MAX))
+
+
 def decode_weights(packed, scales, k, global_scale=None):
     """Dequantized weights [N, k] in float64: e2m1 * e4m3 (* global_scale, a multiplier)."""
     codes = unpack_nibbles(packed)[:, :k]
