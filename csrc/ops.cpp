@@ -30,6 +30,7 @@ struct Checked {
   mx::Shape out_shape;
   int n;
   int k;
+  int mode;  // fp4::Mode
 };
 
 Checked check(
@@ -38,7 +39,9 @@ Checked check(
     const mx::array& scales,
     const std::optional<mx::array>& global_scale,
     std::optional<mx::Dtype> out_dtype,
+    int mode,
     mx::StreamOrDevice s) {
+  check_no_global_scale(mode, global_scale.has_value(), kOp);
   if (x.ndim() < 1) {
     throw_invalid("[", kOp, "] x must have at least 1 dimension [..., K] but got a scalar.");
   }
@@ -71,13 +74,14 @@ Checked check(
     throw_invalid("[", kOp, "] w must be uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)] but got dtype ",
                   dtype_str(w.dtype()), ".");
   }
-  const int64_t blocks = fp4::scale_blocks_for_k(k);
+  const int64_t blocks = fp4::scale_blocks_for_k(k, mode);
   if (scales.dtype() != mx::uint8) {
-    throw_invalid("[", kOp, "] scales must be uint8 (E4M3 bits) but got dtype ", dtype_str(scales.dtype()), ".");
+    throw_invalid("[", kOp, "] scales must be uint8 (", mode == fp4::kModeMxfp4 ? "E8M0" : "E4M3",
+                  " bits) but got dtype ", dtype_str(scales.dtype()), ".");
   }
   if (scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != blocks) {
-    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/16)) = (", n, ", ", blocks, ") but got ",
-                  shape_str(scales.shape()), ".");
+    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/", fp4::block_size(mode), ")) = (", n, ", ", blocks,
+                  ") but got ", shape_str(scales.shape()), " (mode '", mode_name(mode), "').");
   }
   mx::Dtype od = out_dtype.value_or(x.dtype());
   if (!is_supported_float(od)) {
@@ -90,7 +94,7 @@ Checked check(
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
   // Kernels read either layout as bytes; no view node, so shapeless compile keeps working.
-  return Checked{x, w, scales, gs, od, out_shape, n, k};
+  return Checked{x, w, scales, gs, od, out_shape, n, k, mode};
 }
 
 // A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
@@ -214,8 +218,9 @@ Prepared prepare(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  Prepared p{check(x, w, scales, global_scale, out_dtype, s), {}};
+  Prepared p{check(x, w, scales, global_scale, out_dtype, parse_mode(mode, kOp), s), {}};
   check_epilogue(epilogue, kOp);
   for (size_t i = 0; i < epilogue.size(); ++i) {
     if (epilogue[i].operand) {
@@ -236,8 +241,12 @@ mx::array w4a16_matmul(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  auto [c, operands] = prepare(x_in, w, scales, global_scale, epilogue, out_dtype, s);
+  auto [c, operands] = prepare(x_in, w, scales, global_scale, epilogue, out_dtype, mode, s);
+  if (!gpu_kernel_supports_mode(c.mode) && mx::to_stream(s).device == mx::Device::gpu) {
+    return w4a16_matmul_reference_ops(x_in, w, scales, global_scale, epilogue, out_dtype, mode, s);
+  }
   auto stream = mx::to_stream(s);
 
   std::vector<mx::array> inputs = {
@@ -260,7 +269,7 @@ mx::array w4a16_matmul(
   return mx::array(
       c.out_shape,
       c.out_dtype,
-      std::make_shared<W4A16Matmul>(stream, c.out_dtype, c.gs.has_value(), std::move(ops), std::move(kinds)),
+      std::make_shared<W4A16Matmul>(stream, c.out_dtype, c.gs.has_value(), std::move(ops), std::move(kinds), c.mode),
       std::move(inputs));
 }
 
@@ -271,9 +280,10 @@ mx::array w4a16_matmul_reference_ops(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  const Checked c = prepare(x, w, scales, global_scale, epilogue, out_dtype, s).c;
-  auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
+  const Checked c = prepare(x, w, scales, global_scale, epilogue, out_dtype, mode, s).c;
+  auto wf = decode_f32(c.w_bytes, c.scales, c.k, c.mode, s);  // [N, K] fp32, exact
   auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
   if (c.gs) {
     y = mx::multiply(y, *c.gs, s);
