@@ -93,6 +93,20 @@ mx::array e8m0_encode(const mx::array& amax, mx::StreamOrDevice s) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+void check_quantize_input(const mx::array& w_in) {
+  if (w_in.ndim() != 2) {
+    throw_invalid("[quantize] w must be 2-D [N, K] or stacked [..., N, K] but got shape ", shape_str(w_in.shape()),
+                  ".");
+  }
+  if (!mx::issubdtype(w_in.dtype(), mx::floating)) {
+    throw_invalid("[quantize] w must be a floating dtype (float16, bfloat16, float32) but got ",
+                  dtype_str(w_in.dtype()), ".");
+  }
+  if (w_in.shape(1) < 1) {
+    throw_invalid("[quantize] w must have K >= 1 columns but got shape ", shape_str(w_in.shape()), ".");
+  }
+}
+
 }  // namespace
 
 // Stacked weights [..., N, K] (mixture-of-experts): each matrix quantized on its own, so a
@@ -126,25 +140,30 @@ static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_glo
   return out;
 }
 
-std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, const std::string& mode_str,
+std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, const std::string& mode,
                                 mx::StreamOrDevice s) {
-  const int mode = parse_mode(mode_str, "quantize");
-  check_no_global_scale(mode, with_global_scale, "quantize");
+  check_no_global_scale(parse_mode(mode, "quantize"), with_global_scale, "quantize");
   if (w_in.ndim() > 2) {
-    return quantize_stacked(w_in, with_global_scale, mode_str, s);
+    return quantize_stacked(w_in, with_global_scale, mode, s);
   }
-  if (w_in.ndim() != 2) {
-    throw_invalid("[quantize] w must be 2-D [N, K] or stacked [..., N, K] but got shape ", shape_str(w_in.shape()), ".");
+  if (!with_global_scale) {
+    return quantize(w_in, std::optional<mx::array>{}, mode, s);
   }
-  if (!mx::issubdtype(w_in.dtype(), mx::floating)) {
-    throw_invalid("[quantize] w must be a floating dtype (float16, bfloat16, float32) but got ",
-                  dtype_str(w_in.dtype()), ".");
-  }
+  check_quantize_input(w_in);
+  // MLX's convention: the global scale is the tensor amax (mx.quantize / mx.dequantize).
+  auto amax = mx::max(mx::abs(mx::astype(w_in, mx::float32, s), s), s);
+  auto out = quantize(w_in, std::optional<mx::array>{amax}, mode, s);
+  out.push_back(amax);
+  return out;
+}
+
+std::vector<mx::array> quantize(const mx::array& w_in, const std::optional<mx::array>& global_scale,
+                                const std::string& mode_str, mx::StreamOrDevice s) {
+  const int mode = parse_mode(mode_str, "quantize");
+  check_no_global_scale(mode, global_scale.has_value(), "quantize");
+  check_quantize_input(w_in);
   const int n = w_in.shape(0);
   const int k = w_in.shape(1);
-  if (k < 1) {
-    throw_invalid("[quantize] w must have K >= 1 columns but got shape ", shape_str(w_in.shape()), ".");
-  }
   const int block = fp4::block_size(mode);
   const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k, mode));
   const int kpad = blocks * block;
@@ -157,7 +176,6 @@ std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, c
   auto wb = mx::reshape(w, {n, blocks, block}, s);
   auto amax = mx::max(mx::abs(wb, s), -1, true, s);  // [N, blocks, 1]
 
-  std::optional<mx::array> gs;
   mx::array scale_codes = mx::array(0);
   mx::array v = mx::array(0.0f);
   if (mode == fp4::kModeMxfp4) {
@@ -168,9 +186,11 @@ std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, c
   } else {
     auto target = mx::divide(amax, f32(fp4::kE2M1Max), s);
     auto gs_safe = f32(1.0f);
-    if (with_global_scale) {
-      gs = mx::divide(mx::max(mx::abs(w, s), s), f32(fp4::kGlobalScaleDenominator), s);
-      gs_safe = mx::where(mx::greater(*gs, f32(0.0f), s), *gs, f32(1.0f), s);
+    if (global_scale) {
+      auto gs = global_scale_multiplier(*global_scale, "quantize", s);
+      // A zero (all-zero tensor) or non-finite multiplier would turn every scale into NaN.
+      auto usable = mx::logical_and(mx::greater(gs, f32(0.0f), s), mx::isfinite(gs, s), s);
+      gs_safe = mx::where(usable, gs, f32(1.0f), s);
       target = mx::divide(target, gs_safe, s);
     }
     scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
@@ -187,11 +207,7 @@ std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, c
   auto packed = mx::astype(mx::bitwise_or(lo, mx::left_shift(hi, u32(fp4::kNibbleBits), s), s), mx::uint8, s);
   packed = mx::slice(packed, {0, 0}, {n, static_cast<int>(fp4::packed_bytes_for_k(k))}, s);
   auto scales = mx::reshape(scale_codes, {n, blocks}, s);
-  std::vector<mx::array> out = {packed, scales};
-  if (gs) {
-    out.push_back(mx::astype(*gs, mx::float32, s));
-  }
-  return out;
+  return {packed, scales};
 }
 
 void check_packed(const mx::array& packed, const char* op, const char* arg) {
@@ -215,6 +231,11 @@ mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevi
                   dtype_str(gs.dtype()), ".");
   }
   return mx::reshape(mx::astype(gs, mx::float32, s), {}, s);
+}
+
+mx::array global_scale_multiplier(const mx::array& gs, const char* op, mx::StreamOrDevice s) {
+  // One fp32 division, as mx.dequantize(..., mode="nvfp4", global_scale=gs) computes it.
+  return mx::divide(global_scale_f32(gs, op, s), f32(fp4::kGlobalScaleDenominator), s);
 }
 
 // fp32 [N, k] weights: e2m1 * scale (E4M3 or E8M0 by mode), exact. `packed` is uint8 or uint32;
@@ -318,7 +339,7 @@ mx::array dequantize(
   }
   auto w = decode_f32(packed, scales, k, mode, s);
   if (global_scale) {
-    w = mx::multiply(w, global_scale_f32(*global_scale, "dequantize", s), s);
+    w = mx::multiply(w, global_scale_multiplier(*global_scale, "dequantize", s), s);
   }
   return mx::astype(w, dtype, s);
 }

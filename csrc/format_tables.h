@@ -1,9 +1,9 @@
 // Decode tables as MLX arrays, generated from csrc/shared/fp4_format.h (no second copy).
 #pragma once
-#include "mlx/array.h"
 #include <optional>
 #include <string>
 
+#include "mlx/array.h"
 #include "mlx/utils.h"
 
 namespace mlx_fp4 {
@@ -25,7 +25,10 @@ void check_no_global_scale(int mode, bool has_global_scale, const char* op);
 
 // Shared helpers of the format ops and the matmul op.
 void check_packed(const mx::array& packed, const char* op, const char* arg);
+// global_scale checked (one float32 element) and reshaped to a 0-d fp32 array.
 mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevice s);
+// MLX's global_scale (the tensor amax) -> the decode multiplier amax / 2688, checked.
+mx::array global_scale_multiplier(const mx::array& gs, const char* op, mx::StreamOrDevice s);
 mx::array decode_f32(const mx::array& bytes, const mx::array& scales, int k, int mode, mx::StreamOrDevice s);
 
 }  // namespace mlx_fp4

@@ -19,7 +19,10 @@ struct EpilogueSpec {
   float p1 = 0.0f;
 };
 
-// y = epilogue(global_scale * (x @ dequantize(w, scales).T)), fp32 accumulation.
+// global_scale everywhere is MLX's convention (mx::quantize / mx::dequantize): the fp32 tensor
+// amax; the weights decode as e2m1 * e4m3 * (global_scale / 2688).
+//
+// y = epilogue((global_scale / 2688) * (x @ dequantize(w, scales).T)), fp32 accumulation.
 // x [..., K] float16/bfloat16/float32; w uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)];
 // scales uint8 [N, ceil(K/block)] (E4M3 bits per 16 / E8M0 per 32 by mode); global_scale fp32 scalar
 // (nvfp4 only); out [..., N].
@@ -37,9 +40,13 @@ mx::array w4a16_matmul(
 // scales per 32 weights, no global scale), as in mx.quantize; anything else is a ValueError.
 //
 // Quantize w [N, K] to (packed uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/block)]) and, when
-// with_global_scale (nvfp4 only), a float32 scalar multiplier gs = amax(|w|) / 2688 (ModelOpt convention).
+// with_global_scale (nvfp4 only), the float32 scalar global_scale = amax(|w|) (MLX's convention).
 std::vector<mx::array> quantize(
     const mx::array& w, bool with_global_scale, const std::string& mode = "nvfp4", mx::StreamOrDevice s = {});
+// The same with a given global_scale (e.g. the amax of a whole tensor of which w is a shard);
+// returns (packed, scales), as mx::quantize does.
+std::vector<mx::array> quantize(const mx::array& w, const std::optional<mx::array>& global_scale,
+                                const std::string& mode = "nvfp4", mx::StreamOrDevice s = {});
 
 // Decode to [N, k] in `dtype` (exact in bf16/fp16/fp32 without global scale; the global scale
 // is applied in fp32 before the one cast).

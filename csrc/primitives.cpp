@@ -9,6 +9,7 @@
 #include "format_tables.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
+#include "ops_internal.h"
 
 namespace mlx_fp4 {
 
@@ -148,7 +149,8 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> as_function
         spec.operand = args[next++];
       }
     }
-    return std::vector<mx::array>{w4a16_matmul_reference_ops(args[0], w, scales, gs, sp, out_dtype, mode, stream)};
+    return std::vector<mx::array>{
+        w4a16_matmul_with_multiplier(args[0], w, scales, gs, sp, out_dtype, /*reference_ops=*/true, mode, stream)};
   };
 }
 
@@ -236,7 +238,8 @@ std::pair<std::vector<mx::array>, std::vector<int>> W4A16Matmul::vmap(
   if (has_global_scale_) {
     gs = inputs[kInputFirstOptional];
   }
-  auto out = w4a16_matmul(x, inputs[kInputW], inputs[kInputScales], gs, specs, out_dtype_, mode_name(mode_), s);
+  auto out = w4a16_matmul_with_multiplier(x, inputs[kInputW], inputs[kInputScales], gs, specs, out_dtype_,
+                                          /*reference_ops=*/false, mode_name(mode_), s);
   return {{out}, {0}};
 }
 

@@ -112,8 +112,10 @@ def assert_close(actual, expected, bound, what=""):
 
 
 def check_matmul(out, x, w, scales, *, k=None, global_scale=None, epilogue=None, out_dtype=None, mode="nvfp4"):
-    """Compare one w4a16_matmul output with the float64 reference within the table."""
+    """Compare one w4a16_matmul output with the float64 reference within the table.
+    ``global_scale`` as the op takes it (MLX's convention, the amax)."""
     x_dtype = x.dtype
+    global_scale = None if global_scale is None else ref.multiplier(global_scale)
     out_dtype = out_dtype or x_dtype
     assert out.dtype == out_dtype, f"out dtype {out.dtype} != {out_dtype}"
     k = x.shape[-1] if k is None else k

@@ -100,6 +100,15 @@ def decode_e4m3(codes):
     return c.view(_F8).astype(np.float64)
 
 
+def multiplier(global_scale):
+    """MLX's global_scale (the tensor amax) -> the decode multiplier the kernels apply:
+    fp32(amax) / fp32(2688) rounded once to fp32, as mx.dequantize(..., mode="nvfp4") computes
+    it. The functions below take the multiplier (kernel-level math); tests of the public ops
+    convert with this (common.check_matmul does)."""
+    g = np.asarray(to_numpy(global_scale), dtype=np.float32).reshape(())  # () or (1,)
+    return np.float32(g / np.float32(E2M1_MAX * E4M3_MAX))
+
+
 def decode_e8m0(codes):
     """E8M0 bytes -> float64 through ml_dtypes.float8_e8m0fnu (2^(code - 127); 0xFF is NaN)."""
     c = np.asarray(codes).astype(np.uint8)

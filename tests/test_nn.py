@@ -76,10 +76,10 @@ def test_forward_against_reference(dtype, global_scale, device):
     lin = _linear(96, 40, seed=1)
     lin.bias = lin.bias.astype(dtype)
     q = FP4Linear.from_linear(lin, global_scale=global_scale)
-    if global_scale:
-        amax = float(np.abs(np.array(lin.weight)).max())
-        assert q.global_scale.dtype == mx.float32 and q.global_scale.shape == ()
-        np.testing.assert_allclose(float(q.global_scale), amax / 2688, rtol=1e-6)
+    if global_scale:  # MLX's convention: the tensor amax
+        amax = np.float32(np.abs(np.array(lin.weight)).max())
+        assert q.global_scale.dtype == mx.float32 and q.global_scale.shape == (1,)
+        assert q.global_scale.item() == amax
     else:
         assert q.global_scale is None
     x = common.rand_x((3, 5, 96), dtype, common.rng("x", dtype))
@@ -124,28 +124,30 @@ def test_constructor_and_errors():
         q.global_scale = mx.ones((2,))
 
 
-def test_global_scale_is_not_a_parameter():
+def test_global_scale_is_a_frozen_parameter():
     q = FP4Linear.from_linear(_linear(64, 32), global_scale=True)
     keys = {k for k, _ in tree_flatten(q.parameters())}
-    assert keys == {"weight", "scales", "bias"}
-    q.global_scale = 2.0  # python float accepted, stored fp32
-    assert q.global_scale.dtype == mx.float32 and float(q.global_scale) == 2.0
-    assert "global_scale" not in q and "_global_scale" not in q
+    assert keys == {"weight", "scales", "bias", "global_scale"}
+    assert tree_flatten(q.trainable_parameters()) == []
+    q.global_scale = 2.0  # python float accepted, stored fp32 [1]
+    assert q["global_scale"].dtype == mx.float32 and q["global_scale"].shape == (1,)
+    assert q.global_scale.item() == 2.0 and tree_flatten(q.trainable_parameters()) == []
+    q.load_weights(list(tree_flatten(q.parameters())))  # strict round trip
     q.global_scale = None
-    assert q.global_scale is None
-    # strict load_weights of the parameters still round-trips
-    q.load_weights(list(tree_flatten(q.parameters())))
+    assert q.global_scale is None and "global_scale" not in q
+    assert {k for k, _ in tree_flatten(q.parameters())} == {"weight", "scales", "bias"}
+    for bad, match in [(True, "bool"), (mx.ones((2,)), "one element"), (mx.array(1, mx.int32), "floating"),
+                       ("1.0", "str")]:
+        with pytest.raises(ValueError, match=match):
+            q.global_scale = bad
 
 
-def test_shard_linear_does_not_split_global_scale():
-    """shard_linear splits every parameter; a 0-d global scale would fail there."""
-    from mlx.nn.layers.distributed import shard_linear
-
-    group = mx.distributed.init()
-    q = FP4Linear.from_linear(_linear(64, 32), global_scale=True)
-    for kind in ("all-to-sharded", "sharded-to-all"):
-        s = shard_linear(q, kind, group=group)
-        assert s.weight.shape[1] * 32 // s.bits == 64 // group.size() or kind == "all-to-sharded"
+def test_biases_read_refuses_to_drop_the_global_scale():
+    q = FP4Linear.from_linear(_linear(64, 32))
+    assert q.biases is None and q.get("biases") is None
+    q.global_scale = 1.0
+    with pytest.raises(ValueError, match="global_scale.*mlx_fp4.nn.dequantize"):
+        q.biases
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_dequantize_model_applies_global_scale():
     q = net.a
     fnn.dequantize(net, dtype=mx.float32)
     assert type(net.a) is nn.Linear
-    want = ref.decode_weights(q.weight, q.scales, 32, q.global_scale)
+    want = ref.decode_weights(q.weight, q.scales, 32, ref.multiplier(q.global_scale))
     np.testing.assert_allclose(np.array(net.a.weight), want, rtol=2**-23, atol=0)
     assert net.a.bias is q.bias
 
@@ -225,7 +227,7 @@ def test_load_weights_attaches_global_scales_and_swaps_layers():
     from mlx_fp4.checkpoints import NVFP4Weights
 
     fnn.load_weights(dst, NVFP4Weights(weights))
-    assert isinstance(dst.a, FP4Linear) and float(dst.a.global_scale) == float(src.a.global_scale)
+    assert isinstance(dst.a, FP4Linear) and dst.a.global_scale.item() == src.a.global_scale.item()
     assert dst.a.weight is src.a.weight
     x = common.rand_x((2, 32), mx.float32, common.rng("lw"))
     np.testing.assert_array_equal(np.array(dst.a(x)), np.array(src.a(x)))
@@ -363,7 +365,7 @@ def test_lora_fuse_keeps_global_scale():
     l1, _ = _lora_stack(lambda b: b.to_lora(r=4, scale=2.0))
     dense = l1.fuse(dequantize=True)
     assert type(dense) is nn.Linear
-    want = ref.decode_weights(l1.linear.weight, l1.linear.scales, 64, l1.linear.global_scale)
+    want = ref.decode_weights(l1.linear.weight, l1.linear.scales, 64, ref.multiplier(l1.linear.global_scale))
     want = want + 2.0 * (np.array(l1.lora_b).T @ np.array(l1.lora_a).T)
     np.testing.assert_allclose(np.array(dense.weight), want, rtol=1e-5, atol=1e-6)
     fused = l1.fuse()

@@ -72,5 +72,8 @@ const HotLoops& hot_loops_generic();
 const HotLoops& hot_loops_avx2();
 const HotLoops& hot_loops_avx512();
 #endif
+#if defined(__aarch64__)
+const HotLoops& hot_loops_neon();
+#endif
 
 }  // namespace mlx_fp4::cpu

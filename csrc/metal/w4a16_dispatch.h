@@ -118,7 +118,7 @@ inline std::vector<MetalConfig> metal_all_configs() {
 
 // The dispatch table (docs/metal.md). M = rows of x after flattening the batch dims.
 inline MetalConfig metal_choose_config(const W4A16Problem& p) {
-  if (p.m <= kMetalGemvMaxM) {
+  if (p.m <= kMetalGemvAutoMaxM) {
     return {MetalKernel::kGemv, 0, 0, false, metal_gemv_mt(int(p.m))};
   }
   if (p.m < kMetalLargeTileMinM) {
@@ -128,7 +128,7 @@ inline MetalConfig metal_choose_config(const W4A16Problem& p) {
 }
 
 // Parses a test/benchmark override of the kernel choice: "gemv" (rows of x per threadgroup
-// chosen from M), "gemv1", "gemv2", "gemv4", "gemv8", "gemm64", "gemm64s", "gemm128",
+// chosen from M), "gemv1", "gemv2", "gemv4", "gemv8", "gemv16", "gemm64", "gemm64s", "gemm128",
 // "gemm128s" ("s": staged scales). Empty or null: no override.
 inline bool metal_parse_override(const char* text, MetalConfig* out) {
   if (text == nullptr || text[0] == '\0') {
@@ -150,7 +150,7 @@ inline bool metal_parse_override(const char* text, MetalConfig* out) {
   }
   throw std::invalid_argument(
       "[w4a16_matmul] MLX_FP4_METAL_KERNEL must be one of gemv, gemv1, gemv2, gemv4, gemv8, "
-      "gemm64, gemm64s, gemm128, gemm128s but got '" + s + "'.");
+      "gemv16, gemm64, gemm64s, gemm128, gemm128s but got '" + s + "'.");
 }
 
 inline std::string metal_kernel_name(const MetalConfig& c, int x_dtype, int out_dtype) {

@@ -39,7 +39,7 @@ enum MetalFlag : int {
 // get_kernel with a function-constant list), so the kernels' alignment choices are resolved at
 // pipeline creation, not branched on in the inner loops.
 enum MetalFunctionConstant : int {
-  // GEMV: weight rows are 8-byte words and x rows 4-element vectors (aligned loads).
+  // GEMV: weight rows are 8-byte words and x rows 16-byte aligned (aligned loads).
   kMetalFcGemvAligned = 0,
 };
 

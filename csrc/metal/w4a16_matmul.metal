@@ -24,7 +24,9 @@ struct ARows {
 
 // Decodes one 16-column scale block of weight row n, columns [kb, kb + 16), times scale s, into
 // 16 halfs at dst. Every product of an E2M1 value and an E4M3 scale is exact in half (at most 6
-// significant bits, magnitude in [2^-10, 2688]), so the tile holds the exact weights.
+// significant bits, magnitude in [2^-10, 2688]), so the tile holds the exact weights. The codes
+// are bit-built halves (fp4_format.h), two per 32-bit op; times 2^14 (exact: normal halves of
+// the E2M1 values) and times s (exact), two weights per half2 multiply.
 // CHECKED = false: the block lies inside the matrix and the 8 packed bytes are one aligned word.
 // CHECKED = true: byte loads; entries with n >= N or k >= K are zero and read nothing.
 template <bool CHECKED>
@@ -34,17 +36,20 @@ inline void decode_block16(
     constant W4A16MetalParams& p,
     int n,
     int kb,
-    float s) {
+    half s) {
   if (!CHECKED) {
     const uint2 q = *((device const uint2*)(w + long(n) * p.w_row_bytes + kb / 2));
-    for (int g = 0; g < 4; ++g) {
-      const uint word = g < 2 ? q.x : q.y;
-      const uint shift0 = uint(g % 2) * 16u;
-      half4 v;
-      for (int e = 0; e < 4; ++e) {
-        v[e] = half(e2m1_to_float(word >> (shift0 + 4u * uint(e))) * s);
+    const half2 unscale = half2(half(kE2M1HalfUnscale));
+    const half2 s2 = half2(s);
+    for (int wd = 0; wd < 2; ++wd) {
+      const uint word = wd == 0 ? q.x : q.y;
+      half2 h[4];
+      for (int j = 0; j < 4; ++j) {
+        h[j] = as_type<half2>(e2m1_pair_half_bits(word, j)) * unscale * s2;
       }
-      *((threadgroup half4*)(dst + 4 * g)) = v;
+      // pair j holds codes j (low half) and j + 4 (high half) of the word
+      *((threadgroup half4*)(dst + 8 * wd)) = half4(h[0].x, h[1].x, h[2].x, h[3].x);
+      *((threadgroup half4*)(dst + 8 * wd + 4)) = half4(h[0].y, h[1].y, h[2].y, h[3].y);
     }
   } else {
     const bool row_ok = n < p.n;
@@ -53,24 +58,24 @@ inline void decode_block16(
       half4 v;
       for (int e = 0; e < 4; ++e) {
         const int k = kb + 4 * g + e;
-        float val = 0.0f;
+        half val = half(0.0f);
         if (row_ok && k < p.k) {
           const uint byte = wrow[k / 2];
-          val = e2m1_to_float(byte >> (uint(k % 2) * 4u)) * s;
+          val = e2m1_f16(byte >> (uint(k % 2) * 4u)) * s;
         }
-        v[e] = half(val);
+        v[e] = val;
       }
       *((threadgroup half4*)(dst + 4 * g)) = v;
     }
   }
 }
 
-// Scale of weight row n, block kb / 16, as fp32; 0 when the block lies outside the matrix.
-inline float load_scale(device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
+// Scale of weight row n, block kb / 16, as half (exact); 0 when the block lies outside.
+inline half load_scale(device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
   if (n >= p.n || kb >= p.k) {
-    return 0.0f;
+    return half(0.0f);
   }
-  return e4m3_to_float(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
+  return block_scale_f16(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
 }
 
 // Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
@@ -176,7 +181,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
 
   // half4 elements so that the half4 stores of the decode are aligned.
   threadgroup half4 bs4[kNumBuf * kMetalBN * kLd / 4];
-  threadgroup float ss[STAGE ? kMetalBN * kBlocks : 1];
+  threadgroup half ss[STAGE ? kMetalBN * kBlocks : 1];
 
   const MortonTile tile = morton_decode(tg_index, p.log2_grid_m, p.log2_grid_n);
   if (int(tile.m) >= p.tiles_m || int(tile.n) >= p.tiles_n) {
@@ -223,7 +228,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
           const ScaleWordT word = *((device const ScaleWordT*)(
               scales + long(n0 + tid) * p.scale_row_bytes + s * kBlocks));
           for (int b = 0; b < kBlocks; ++b) {
-            ss[tid * kBlocks + b] = e4m3_to_float((uint(word) >> (8u * uint(b))) & 0xFFu);
+            ss[tid * kBlocks + b] = block_scale_f16((uint(word) >> (8u * uint(b))) & 0xFFu);
           }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -245,7 +250,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     {
       const int kb = dblk * kMetalDecodeCols;
       threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
-      const float sc = load_scale(scales, p, n0 + dn, kb);
+      const half sc = load_scale(scales, p, n0 + dn, kb);
       if (w_fast && 0 < full_strips) {
         decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
       } else {
@@ -258,7 +263,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
         const int kb = (s + 1) * BK + dblk * kMetalDecodeCols;
         threadgroup half* dst =
             bs + ((s + 1) % 2) * kMetalBN * kLd + dn * kLd + dblk * kMetalDecodeCols;
-        const float sc = load_scale(scales, p, n0 + dn, kb);
+        const half sc = load_scale(scales, p, n0 + dn, kb);
         if (w_fast && s + 1 < full_strips) {
           decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
         } else {

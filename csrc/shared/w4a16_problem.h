@@ -6,6 +6,10 @@
 
 namespace fp4 {
 
+// Most dimensions of an x that a backend copies to rows itself (CUDA: strided_copy.cuh); x with
+// more goes through a Contiguous node.
+constexpr int kMaxStridedXDims = 8;
+
 struct W4A16Problem {
   int64_t m;                 // rows of x (product of the leading dims), may be 0
   int64_t n;                 // rows of the weight = output columns

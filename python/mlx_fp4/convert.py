@@ -106,7 +106,7 @@ def quantize(
     for path, m, params in it:
         new = _convert(m, params, path)
         if new is not m:
-            mx.eval(new.parameters(), *([new.global_scale] if new.global_scale is not None else []))
+            mx.eval(new.parameters())
             converted.append((path, new))
     if converted:
         model.update_modules(tree_unflatten(converted))
@@ -126,10 +126,10 @@ def dequantize(model: nn.Module, dtype=mx.bfloat16) -> nn.Module:
 
 
 def global_scales(model: nn.Module) -> Dict[str, mx.array]:
-    """``{"<path>.global_scale": fp32 scalar}`` for every FP4Linear and FP4 sharded layer
-    that has one."""
+    """``{"<path>.global_scale": fp32 [1]}`` (MLX's convention, the amax) for every FP4Linear
+    and FP4 sharded layer that has one: the parameters of that name."""
     return {
-        f"{path}.global_scale": m.global_scale
+        f"{path}.global_scale": m["global_scale"]
         for path, m in model.named_modules()
-        if isinstance(m, (FP4Linear, _FP4Sharded)) and m.global_scale is not None
+        if isinstance(m, (FP4Linear, _FP4Sharded)) and "global_scale" in m
     }

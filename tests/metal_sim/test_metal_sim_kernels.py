@@ -71,7 +71,7 @@ def test_gemv_shapes(sim_runner, tmp_path, m, n, k, guard):
 
 
 # Every GEMV tile height MT on one problem (M rows split over ceil(M / MT) threadgroup rows).
-@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8"])
+@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16"])
 @pytest.mark.parametrize("guard", ["end", "aligned"])
 def test_gemv_tile_heights(sim_runner, tmp_path, force, guard):
     plan = check(sim_runner, tmp_path, 7, 45, 160, force=force, guard=guard, epilogue="bias_silu")
@@ -145,3 +145,27 @@ def test_special_values(sim_runner, tmp_path, force, k):
 @pytest.mark.parametrize("m", [1, 4, 5, 16, 17, 255, 256, 300])
 def test_auto_dispatch_runs(sim_runner, tmp_path, m):
     check(sim_runner, tmp_path, m, 70, 40, force="auto", epilogue="bias_silu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exactness of the bit-built decode: all 16 E2M1 codes x all 256 E4M3 scale bytes.
+
+
+@pytest.mark.parametrize("force", ["gemv16"] + GEMM_CONFIGS)
+@pytest.mark.parametrize("guard", ["end", "aligned"])
+def test_all_code_scale_pairs_exact(sim_runner, tmp_path, force, guard):
+    """x = the 16 x 16 identity, weight row n = codes 0..15 with scale byte n: out[m, n] is the
+    decoded weight e2m1(m) * e4m3(n) itself, which must equal ml_dtypes' decode exactly (NaN for
+    the NaN scale bytes 0x7F and 0xFF)."""
+    import reference as ref
+
+    k, n = 16, 256
+    x = np.eye(k)
+    codes = np.tile(np.arange(16, dtype=np.uint8), (n, 1))
+    packed = ref.pack_nibbles(codes)
+    scales = np.arange(n, dtype=np.uint8).reshape(n, 1)
+    out, plan = sc.run_case(sim_runner, tmp_path / "case", m=k, n=n, k=k, x=x, w_packed=packed,
+                            scales=scales, x_dtype=sc.F32, out_dtype=sc.F32, force=force,
+                            guard=guard)
+    want = ref.decode_weights(packed, scales, k).T  # [k, n]: code m of row n
+    assert np.array_equal(out, want, equal_nan=True), plan["kernel"]

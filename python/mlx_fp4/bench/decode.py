@@ -130,6 +130,20 @@ def time_generation(model, prompt, tokens: int):
     return out, prefill, decode
 
 
+def top2_trace(model, prompt, tokens: int):
+    """Greedy tokens with each step's two best token ids and their log-probability gap (untimed):
+    tells a divergence between two variants at a near-tie from a real difference."""
+    from mlx_lm.generate import generate_step
+
+    trace = []
+    for tok, lp in generate_step(prompt, model, max_tokens=tokens):
+        top = mx.argsort(-lp.astype(mx.float32))[:2]
+        vals = lp.astype(mx.float32)[top]
+        ids = top.tolist()
+        trace.append({"token": int(tok), "top2": ids, "gap": float((vals[0] - vals[1]).item())})
+    return trace
+
+
 def host_profile(model, prompt, steps: int) -> dict:
     """Single synchronous decode steps: Python graph building, mx.async_eval (encoding every node
     and launching), then the wait for the GPU. Host-bound when the wait is small against the rest."""
@@ -165,7 +179,7 @@ def run_worker(args) -> dict:
     vocab = PRESETS[args.preset]["vocab_size"]
     prompt = mx.random.randint(0, vocab, (args.prompt,), key=mx.random.key(args.seed + 1))
     t0 = time.perf_counter()
-    time_generation(model, prompt, min(args.tokens, 8))  # warm-up: kernels loaded, JIT done
+    trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
     warmup_s = time.perf_counter() - t0
     runs = []
     for _ in range(args.repeats):
@@ -173,9 +187,9 @@ def run_worker(args) -> dict:
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     return {"variant": variant, "layers": layers, "pid": os.getpid(), "setup_s": setup_s, "warmup_s": warmup_s,
-            "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "runs": runs, "host_profile": prof,
+            "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace, "runs": runs, "host_profile": prof,
             "peak_memory_bytes": mx.get_peak_memory(),
-            "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX_FP4_", "MLX_USE_CUDA_GRAPHS"))}}
+            "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
 
 
 # ---- parent: processes, statistics, report --------------------------------------------------------
@@ -200,6 +214,18 @@ def _stats(values):
     if not v:
         return None
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def first_difference(tokens, ref_trace) -> dict:
+    """Where greedy tokens first differ from the reference, and whether the reference was at a
+    near-tie there (our token is its second choice; its top-2 log-probability gap)."""
+    step = next((i for i, (a, b) in enumerate(zip(tokens, (t["token"] for t in ref_trace))) if a != b), None)
+    if step is None:
+        return {"step": None}
+    r = ref_trace[step]
+    return {"step": step, "ours": tokens[step], "reference": r["token"],
+            "ours_is_reference_second_choice": tokens[step] == r["top2"][1], "reference_top2_gap": r["gap"],
+            "reference_median_top2_gap": statistics.median(t["gap"] for t in ref_trace)}
 
 
 def summarize(results, variants, bandwidth_gbps):
@@ -228,12 +254,12 @@ def summarize(results, variants, bandwidth_gbps):
             if bandwidth_gbps and entry["weight_gbps"]:
                 entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
             row["variants"][v] = entry
-        ref = row["variants"].get("mlx_nvfp4", {}).get("tokens")
+        ref = [r for r in results if r["variant"] == "mlx_nvfp4" and r["layers"] == layers and "top2" in r]
         for v in ("fp4", "fp4_fused"):
             e = row["variants"].get(v, {})
             if ref and e.get("tokens"):
-                first = next((i for i, (a, b) in enumerate(zip(e["tokens"], ref)) if a != b), None)
-                e["first_token_difference_vs_mlx_nvfp4"] = first
+                e["vs_mlx_nvfp4"] = first_difference(e["tokens"], ref[0]["top2"])
+                e["first_token_difference_vs_mlx_nvfp4"] = e["vs_mlx_nvfp4"]["step"]
         points.append(row)
     return points
 

@@ -11,11 +11,9 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx.utils import tree_flatten
 
-from ..convert import global_scales
-from ..formats import E2M1_E4M3_MAX, GROUP_SIZE, describe
+from ..formats import GROUP_SIZE, VALUES_PER_U32, describe
 from .dialects import (
     ACTIVATION_SCALES,
     DIALECT_KEYS,
@@ -30,14 +28,12 @@ from .dialects import (
 
 __all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights"]
 
-_ALPHA_META_KEY = "mlx_fp4.alpha"
-
 Source = Union[str, os.PathLike, Mapping[str, mx.array]]
 
 
 class NVFP4Weights(dict):
-    """``dict[str, mx.array]`` in mlx_fp4's layout (``global_scale`` entries are
-    multipliers). Returned by :func:`load_nvfp4`; passing one back to
+    """``dict[str, mx.array]`` in mlx_fp4's layout (``global_scale`` entries in MLX's
+    convention). Returned by :func:`load_nvfp4`; passing one back to
     :func:`load_nvfp4` or :func:`mlx_fp4.nn.load_weights` uses it as is.
 
     ``.dialects`` names the formats that were converted, ``.quantized`` lists
@@ -76,28 +72,16 @@ def _load_file(path: Path) -> Tuple[dict, dict]:
     return arrays, dict(metadata or {})
 
 
-def _alpha_meta(meta: dict) -> dict:
-    """The exact multipliers save_nvfp4 stored in the metadata: prefix -> fp32."""
-    try:
-        return {
-            k: np.float32(float.fromhex(v))
-            for k, v in json.loads(meta.get(_ALPHA_META_KEY, "{}")).items()
-        }
-    except (ValueError, TypeError, AttributeError):
-        return {}
-
-
 def _read_source(source) -> Tuple[dict, dict, dict]:
-    """-> (weights, metadata, configs)."""
+    """-> (weights, configs)."""
     if isinstance(source, Mapping):
-        return dict(source), {}, {}
+        return dict(source), {}
     path = Path(source)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise load_error(f"source expected a .safetensors file or a folder but got {path}.")
-        weights, meta = _load_file(path)
-        meta[_ALPHA_META_KEY] = _alpha_meta(meta)
-        return weights, meta, _read_configs(path.parent)
+        weights, _ = _load_file(path)
+        return weights, _read_configs(path.parent)
     if path.is_dir():
         index = _read_json(path / "model.safetensors.index.json")
         if index is not None and "weight_map" in index:
@@ -107,17 +91,14 @@ def _read_source(source) -> Tuple[dict, dict, dict]:
             files = sorted(Path(p) for p in glob.glob(str(path / "*.safetensors")))
         if not files:
             raise load_error(f"no .safetensors files in {path}.")
-        weights, meta, alphas = {}, {}, {}
+        weights = {}
         for f in files:
-            w, m = _load_file(f)
+            w, _ = _load_file(f)
             dup = weights.keys() & w.keys()
             if dup:
                 raise load_error(f"tensor {sorted(dup)[0]} appears in more than one file ({f.name}).")
             weights.update(w)
-            alphas.update(_alpha_meta(m))
-            meta.update(m)
-        meta[_ALPHA_META_KEY] = alphas
-        return weights, meta, _read_configs(path)
+        return weights, _read_configs(path)
     raise load_error(f"source {str(path)!r} is neither a file, a folder nor a dict.")
 
 
@@ -128,8 +109,7 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
         source: a ``.safetensors`` file (its folder's ``config.json`` /
             ``hf_quant_config.json`` are read when present), a folder of them
             (``model.safetensors.index.json`` is honoured), or a dict of arrays
-            (e.g. from ``mx.load``; an MLX ``global_scale`` in it is read in
-            MLX's convention). An :class:`NVFP4Weights` is returned unchanged.
+            (e.g. from ``mx.load``). An :class:`NVFP4Weights` is returned unchanged.
         config: the parsed ``config.json`` (or ``{"config": ..., "hf_quant_config":
             ...}``) to use instead of the files next to ``source``.
 
@@ -142,11 +122,10 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
     """
     if isinstance(source, NVFP4Weights):
         return source
-    weights, metadata, cfgs = _read_source(source)
+    weights, cfgs = _read_source(source)
     if config is not None:
         cfgs = config if ("config" in config or "hf_quant_config" in config) else {"config": config}
     info = quant_info(cfgs)
-    exact_alpha = metadata.get(_ALPHA_META_KEY) or {}
 
     layers = classify(weights)
     out = NVFP4Weights()
@@ -194,7 +173,7 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
             conv = from_compressed_tensors(p, get("weight_packed"), get)
             get("input_global_scale", None)
         else:
-            conv = from_mlx(p, get("weight"), get, exact_alpha)
+            conv = from_mlx(p, get("weight"), get)
         out.update(conv)
         out.dialects.add(dialect)
         out.quantized.append(p)
@@ -203,46 +182,34 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
 
 def _collect(weights) -> Dict[str, mx.array]:
     if isinstance(weights, nn.Module):
-        arrays = dict(tree_flatten(weights.parameters()))
-        arrays.update(global_scales(weights))
-        return arrays
-    if isinstance(weights, NVFP4Weights):
-        return dict(weights)
+        return dict(tree_flatten(weights.parameters()))  # global scales are parameters
     if isinstance(weights, Mapping):
-        arrays = dict(weights)
-        # a plain dict must already be in mlx_fp4's layout (multipliers)
-        return arrays
+        return dict(weights)
     raise ValueError(
         f"[save_nvfp4] weights expected an nn.Module or a dict of arrays but got "
         f"{type(weights).__name__}."
     )
 
 
-def _to_mlx_convention(arrays: Dict[str, mx.array]) -> Tuple[Dict[str, mx.array], dict]:
-    out = {}
-    exact = {}
+def _check_layout(arrays: Dict[str, mx.array]) -> None:
+    """Every quantized linear in mlx_fp4's layout, before anything is written."""
     for key, v in arrays.items():
         if not isinstance(v, mx.array):
             raise ValueError(f"[save_nvfp4] {key} expected an mx.array but got {type(v).__name__}.")
         p, _, name = key.rpartition(".")
         w = arrays.get(f"{p}.weight")
-        if name == "scales" and w is not None and w.ndim == 2:
+        if w is None or w.ndim != 2 or f"{p}.scales" not in arrays:
+            continue
+        if name == "scales" and arrays.get(f"{p}.biases") is None:
             if w.dtype != mx.uint32:
                 raise ValueError(f"[save_nvfp4] {p}.weight expected uint32 [N, K/8] but got {describe(w)}.")
-            n, k = w.shape[0], w.shape[1] * 8
+            n, k = w.shape[0], w.shape[1] * VALUES_PER_U32
             if v.dtype != mx.uint8 or list(v.shape) != [n, k // GROUP_SIZE]:
                 raise ValueError(
                     f"[save_nvfp4] {key} expected uint8 [{n}, {k // GROUP_SIZE}] but got {describe(v)}."
                 )
-        if name == "global_scale" and w is not None and w.ndim == 2 and f"{p}.scales" in arrays:
-            if v.size != 1:
-                raise ValueError(f"[save_nvfp4] {key} expected a scalar but got {describe(v)}.")
-            alpha = np.float32(v.astype(mx.float32).item())
-            out[key] = mx.array(np.float32(np.float64(alpha) * E2M1_E4M3_MAX), dtype=mx.float32)
-            exact[p] = float(alpha).hex()
-            continue
-        out[key] = v
-    return out, exact
+        if name == "global_scale" and v.size != 1:
+            raise ValueError(f"[save_nvfp4] {key} expected a scalar but got {describe(v)}.")
 
 
 def save_nvfp4(
@@ -263,19 +230,16 @@ def save_nvfp4(
             ``"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4"}``
             (duplicated as ``quantization_config``, replacing a ModelOpt or
             compressed-tensors one).
-        weights: the dict :func:`load_nvfp4` returned (global scales as
-            multipliers), or a model (its parameters plus its FP4Linear global
-            scales).
+        weights: the dict :func:`load_nvfp4` returned, or a model (its parameters,
+            global scales included).
 
-    ``<p>.global_scale`` is written in MLX's convention (``alpha * 2688``, fp32)
-    and the exact multipliers go in the metadata key ``mlx_fp4.alpha``, so
+    ``<p>.global_scale`` is MLX's convention (the amax) in memory and on disk, so
     :func:`load_nvfp4` returns the same arrays bit for bit. Scales are written
     as U8 (``mx.save_safetensors`` has no F8_E4M3). Returns the files written.
     """
-    arrays, exact = _to_mlx_convention(_collect(weights))
+    arrays = _collect(weights)
+    _check_layout(arrays)
     meta = {"format": "mlx"}
-    if exact:
-        meta[_ALPHA_META_KEY] = json.dumps(exact, sort_keys=True)
     if metadata:
         meta.update(metadata)
     path = Path(path)
@@ -301,11 +265,7 @@ def save_nvfp4(
             if len(shards) == 1
             else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         )
-        shard_meta = dict(meta)
-        if exact:
-            mine = {p: a for p, a in exact.items() if f"{p}.global_scale" in shard}
-            shard_meta[_ALPHA_META_KEY] = json.dumps(mine, sort_keys=True)
-        mx.save_safetensors(str(path / name), shard, metadata=shard_meta)
+        mx.save_safetensors(str(path / name), shard, metadata=meta)
         files.append(path / name)
         weight_map.update({k: name for k in shard})
     with open(path / "model.safetensors.index.json", "w") as f:

@@ -9,7 +9,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..formats import as_global_scale
 from ..layers import FP4Linear, linear_kind
 from .experts import stack_experts, swap_switch_layers
 from .io import NVFP4Weights, load_nvfp4
@@ -29,16 +28,16 @@ def load_weights(
     ``weights`` is anything :func:`mlx_fp4.checkpoints.load_nvfp4` accepts (a
     safetensors file, a checkpoint folder, a dict) in any supported dialect
     (ModelOpt, compressed-tensors, MLX), or the list of pairs ``Module.load_weights``
-    takes. A plain dict is read as a raw checkpoint (an MLX ``global_scale`` in it is
-    MLX's ``amax`` convention); the :class:`~mlx_fp4.checkpoints.NVFP4Weights` that
-    ``load_nvfp4`` returns is used as is (its global scales are multipliers). Then:
+    takes. A plain dict is read as a raw checkpoint; the
+    :class:`~mlx_fp4.checkpoints.NVFP4Weights` that ``load_nvfp4`` returns is used as is.
+    Global scales are MLX's convention (the amax) either way. Then:
 
     1. ``model.sanitize(weights)`` is applied when the model has one (mlx-lm
        models: drops rotary buffers, tied ``lm_head``...), unless ``sanitize=False``;
     2. every ``nn.Linear``/``nn.QuantizedLinear`` whose ``<path>.scales`` is in
        the weights becomes an :class:`FP4Linear` (no random-weight quantization);
-    3. ``<path>.global_scale`` entries are attached to those layers (they are not
-       parameters), the rest goes through ``model.load_weights(strict=strict)``.
+    3. ``<path>.global_scale`` entries become those layers' ``global_scale`` parameters
+       (checked), and everything goes through ``model.load_weights(strict=strict)``.
     """
     if isinstance(weights, (list, tuple)):
         weights = dict(weights)
@@ -80,7 +79,8 @@ def load_weights(
             prefix = key[: -len(".global_scale")]
             target = modules.get(prefix)
             if isinstance(target, FP4Linear):
-                target.global_scale = as_global_scale(value, key)
+                target.global_scale = value  # creates the parameter (checked); loaded below
+                params.append((key, target["global_scale"]))
                 continue
             if target is not None and isinstance(target.get("global_scale"), mx.array):
                 params.append((key, value))  # a real parameter (e.g. switch layers)
@@ -118,5 +118,5 @@ def load_model(path, *, strict: bool = True, lazy: bool = False):
 
 
 def _is_loaded_layout(weights: dict) -> bool:
-    """True for the dict load_nvfp4 returns (global scales are multipliers)."""
+    """True for the dict load_nvfp4 returns (already in mlx_fp4's layout)."""
     return isinstance(weights, NVFP4Weights)
