@@ -14,6 +14,10 @@
 
 namespace mlx_fp4 {
 
+// The kernels of this backend read NVFP4 scales only so far; MXFP4 runs the MLX-ops form.
+bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+
+
 static_assert(fp4::kMetalInputX == kInputX && fp4::kMetalInputW == kInputW &&
                   fp4::kMetalInputScales == kInputScales &&
                   fp4::kMetalInputFirstOptional == kInputFirstOptional,
