@@ -9,7 +9,7 @@
 #              reference, no MLX involved)
 #   tests      pytest on the GPU only (MLX_FP4_TEST_DEVICES=gpu): the whole w4a16/epilogue suite on
 #              the automatic dispatch, then the matmul tests again with each path forced
-#              (MLX_FP4_CUDA_PATH=tc|simt|dequant, and tc-unstaged = tc with MLX_FP4_CUDA_STAGED=0);
+#              (MLX_FP4_CUDA_PATH=tc|simt|dequant|wgmma, and tc-unstaged = tc with MLX_FP4_CUDA_STAGED=0);
 #              TEST_PATHS="auto tc" limits that list
 #   bench      python -m mlx_fp4.bench --device gpu on 8192x8192, M in {1, 8, 16, 64, 256, 2048, 8192}
 #   kbench     the harness's timing sweep (kernel time per path and tile configuration); KBENCH_ARGS
@@ -117,7 +117,7 @@ step_tests() {
   # MLX's CUDA matmul uses TF32 for float32 unless MLX_ENABLE_TF32=0; the tests compare float32
   # results (and the gradients, which MLX ops compute) against float64 with fp32 tolerances.
   export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
-  for path in ${TEST_PATHS:-auto tc tc-unstaged simt dequant}; do
+  for path in ${TEST_PATHS:-auto tc tc-unstaged simt dequant wgmma}; do
     echo "== MLX_FP4_CUDA_PATH=$path"
     if [ "$path" = auto ]; then
       # One pytest per file, so that a crash in one file does not hide the others; --capture=sys

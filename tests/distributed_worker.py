@@ -209,7 +209,7 @@ def check_sharded_to_all_layer(group):
         assert tuple(sl.scales.shape) == (n, k // n_ranks // 16)
         assert tuple(sl.bias.shape) == (n,), "the bias of sharded-to-all is not split"
         assert sl.global_scale is not None and sl.global_scale.item() == layer.global_scale.item()
-        assert "global_scale" not in dict(sl.parameters()), "global scale must not be a parameter"
+        assert sl["global_scale"].shape == (1,), "the global scale is copied whole, never split"
         # bias once and global scale once: both are inside the reference
         _check_against_table(y, x, layer)
         assert mx.array_equal(both[0], both[-1]).item(), "ranks disagree after all_sum"
@@ -248,15 +248,20 @@ def check_kernel_is_ours(group):
         logits = model(mx.array(TOKENS))
         mx.eval(a, b, logits)
         layer_calls = calls["ours"]
-        trap = mlx_dist.shard_linear(layer, "all-to-sharded", group=group)
+        try:  # MLX's own shard_linear cannot carry the global_scale parameter: it refuses
+            mlx_dist.shard_linear(layer, "all-to-sharded", group=group)
+            trap = "no error"
+        except ValueError as e:
+            trap = f"ValueError ({e})"
     finally:
         ops.w4a16_matmul, mx.quantized_matmul = orig_ours, orig_mlx
     # 2 layers + per model layer 7 projections + lm_head
     assert calls["mlx"] == 0, f"mx.quantized_matmul called {calls['mlx']} times"
     assert layer_calls >= 2 + 2 * 7 + 1, f"w4a16_matmul called only {layer_calls} times"
+    assert trap != "no error", "MLX's shard_linear silently dropped the global scale"
     return (
         f"w4a16_matmul calls {layer_calls}, quantized_matmul calls 0; "
-        f"MLX's own shard_linear(FP4Linear) gives {type(trap).__name__}"
+        f"MLX's own shard_linear(FP4Linear with a global scale): {trap}"
     )
 
 
@@ -411,7 +416,7 @@ def check_mlx_nvfp4_sharded_then_wrapped(group):
     tokens = mx.array(TOKENS)
     a = _tiny_llama(mx.float32)
     nn.quantize(a, group_size=16, bits=4, mode="nvfp4", class_predicate=lambda p, m: isinstance(m, nn.Linear) and "lm_head" not in p)
-    fnn.quantize(a, progress=False)  # wraps the nvfp4 layers (same bytes), quantizes lm_head
+    fnn.quantize(a, global_scale=False, progress=False)  # wraps the nvfp4 layers, quantizes lm_head
     ref = a(tokens)
 
     b = _tiny_llama(mx.float32)

@@ -140,13 +140,15 @@ def write_mlx(folder, data, *, mutate=None):
     return folder
 
 
-def _expected_alpha(dialect, d):
+def _expected_global_scale(dialect, d):
+    """MLX's convention (the amax): ModelOpt's multiplier * 2688, 2688 / compressed-tensors'
+    divisor (one fp32 operation each), MLX's own value as stored."""
     a = d["alpha"]
     if dialect == "modelopt":
-        return a
+        return np.float32(a * np.float32(2688))
     if dialect == "compressed-tensors":
-        return np.float32(1.0) / np.float32(1.0 / a)  # one fp32 division of the stored divisor
-    return np.float32(np.float64(np.float32(np.float64(a) * 2688)) / 2688)
+        return np.float32(np.float32(2688) / np.float32(1.0 / a))
+    return np.float32(np.float64(a) * 2688)
 
 
 def _check_loaded(w, data, dialect):
@@ -162,8 +164,10 @@ def _check_loaded(w, data, dialect):
         np.testing.assert_array_equal(ref.packed_bytes(w[f"{p}.weight"]), d["packed"])
         np.testing.assert_array_equal(np.array(w[f"{p}.scales"]), d["scales"])
         gs = w[f"{p}.global_scale"]
-        assert gs.dtype == mx.float32 and gs.shape == ()
-        assert np.float32(gs.item()) == _expected_alpha(dialect, d), p
+        assert gs.dtype == mx.float32 and gs.shape == (1,)
+        assert np.float32(gs.item()) == _expected_global_scale(dialect, d), p
+        # the decode multiplier is the source's own within one fp32 ulp
+        np.testing.assert_allclose(ref.multiplier(gs), d["alpha"], rtol=2**-23)
         if bias:
             np.testing.assert_array_equal(np.array(w[f"{p}.bias"].astype(mx.float32)),
                                           d["bias"].astype(np.float32))
@@ -197,7 +201,8 @@ def test_load_mlx(tmp_path, data):
     raw = mx.load(str(folder / "model.safetensors"))
     mlx_w = mx.dequantize(raw[f"{p}.weight"], raw[f"{p}.scales"], mode="nvfp4",
                           global_scale=raw[f"{p}.global_scale"], dtype=mx.float32)
-    ours = ref.decode_weights(w[f"{p}.weight"], w[f"{p}.scales"], 96, w[f"{p}.global_scale"])
+    m = ref.multiplier(w[f"{p}.global_scale"])
+    ours = ref.decode_weights(w[f"{p}.weight"], w[f"{p}.scales"], 96, m)
     np.testing.assert_allclose(np.array(mlx_w), ours, rtol=1e-6)
 
 
@@ -225,10 +230,10 @@ def test_loaded_model_matches_reference(tmp_path, data, dialect, device):
     q = model.model.layers[0].self_attn.q_proj
     assert isinstance(q, fnn.FP4Linear) and type(model.lm_head) is nn.Linear
     d = layers["model.layers.0.self_attn.q_proj"]
-    alpha = _expected_alpha(dialect, d)
+    gs = _expected_global_scale(dialect, d)
     bias = mx.array(d["bias"].astype(np.float32)).astype(mx.bfloat16)
     common.check_matmul(q(x), x, mx.array(d["packed"]), mx.array(d["scales"]),
-                        global_scale=mx.array(alpha), epilogue=[("add", bias)])
+                        global_scale=mx.array(gs), epilogue=[("add", bias)])
 
 
 class _Attn(nn.Module):
@@ -328,8 +333,9 @@ def test_config_errors(tmp_path, data):
     cp = lambda key, v: _set(key, v)
     with pytest.raises(ValueError, match=rf"{Q}\.scales .*group size 32"):
         load_nvfp4(write_mlx(tmp_path / "mx1", data, mutate=cp(f"{Q}.scales", np.zeros((32, 2), np.uint8))))
-    with pytest.raises(ValueError, match=rf"{Q}\.biases present"):
-        load_nvfp4(write_mlx(tmp_path / "mx2", data, mutate=cp(f"{Q}.biases", np.zeros((32, 4), np.float16))))
+    # an affine layer (zero points) is MLX's own: passed through untouched, not NVFP4
+    affine = load_nvfp4(write_mlx(tmp_path / "mx2", data, mutate=cp(f"{Q}.biases", np.zeros((32, 4), np.float16))))
+    assert Q not in affine.quantized and affine[f"{Q}.biases"].shape == (32, 4)
     with pytest.raises(ValueError, match="neither"):
         load_nvfp4(tmp_path / "does-not-exist")
 
@@ -363,26 +369,19 @@ def test_save_round_trip(tmp_path, data, dialect):
     writer = write_modelopt if dialect == "modelopt" else write_ct
     w = load_nvfp4(writer(tmp_path / "in", data))
     files = save_nvfp4(tmp_path / "out", w, config=dict(MODEL_CONFIG))
-    assert [f.name for f in files] == ["model.safetensors", "config.json"]
+    assert [f.name for f in files] == ["model.safetensors", "model.safetensors.index.json", "config.json"]
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["quantization"] == {"group_size": 16, "bits": 4, "mode": "nvfp4"}
     back = load_nvfp4(tmp_path / "out")
     assert back.dialects == {"mlx"}
     _assert_same(back, w)  # bit for bit, global scales included
-    # on disk: MLX layout, global_scale in MLX's convention (alpha * 2688)
+    # on disk: MLX layout, global_scale in MLX's convention (the amax), as in memory
     raw = mx.load(str(tmp_path / "out" / "model.safetensors"))
-    gs = raw[f"{Q}.global_scale"]
     assert raw[f"{Q}.weight"].dtype == mx.uint32 and raw[f"{Q}.scales"].dtype == mx.uint8
-    np.testing.assert_allclose(gs.item(), w[f"{Q}.global_scale"].item() * 2688, rtol=2**-23)
-    # sharded
-    files = save_nvfp4(tmp_path / "sharded", w, max_shard_bytes=2000)
-    assert len(files) > 2 and (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-    _assert_same(load_nvfp4(tmp_path / "sharded"), w)
-    # without our metadata (e.g. re-saved by another tool), alpha is within 1 ulp
-    mx.save_safetensors(str(tmp_path / "plain.safetensors"), raw, metadata={"format": "mlx"})
-    plain = load_nvfp4(tmp_path / "plain.safetensors")
-    np.testing.assert_allclose(plain[f"{Q}.global_scale"].item(), w[f"{Q}.global_scale"].item(),
-                               rtol=2**-22)
+    assert raw[f"{Q}.global_scale"].item() == w[f"{Q}.global_scale"].item()
+    # the index names every tensor (mlx-lm's save_model wrote it)
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(w)
 
 
 def test_save_model_and_reload(tmp_path):

@@ -145,7 +145,7 @@ def test_dequantize_default_k(device, layout):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: f"dtype={dname(d)}")
 @pytest.mark.parametrize("gs_kind", ["float", "array"])
 def test_global_scale_applied_in_fp32(device, dtype, gs_kind):
-    """out = cast(fp32(e2m1 * e4m3) * fp32(gs)): one fp32 multiply, then one cast."""
+    """out = cast(fp32(e2m1 * e4m3) * fp32(gs / 2688)): one fp32 multiply, then one cast."""
     gs = 0.0123456789  # not a power of two: products are not exact in bf16/fp16
     gs32 = np.float32(gs)
     packed, scales = all_pairs()
@@ -155,7 +155,8 @@ def test_global_scale_applied_in_fp32(device, dtype, gs_kind):
     g = mx.array(gs32) if gs_kind == "array" else gs
     out = mx_fp4.dequantize(mx.array(packed), mx.array(scales), k=16, global_scale=g, dtype=dtype)
     exact = ref.decode_weights(packed, scales, 16)  # exact, <= 6 significant bits
-    expected32 = (exact * np.float64(gs32)).astype(np.float32)  # == fp32 product, rounded once
+    m32 = np.float32(ref.multiplier(gs32))  # MLX's convention: gs is the amax
+    expected32 = (exact * np.float64(m32)).astype(np.float32)  # == fp32 product, rounded once
     if dtype == mx.bfloat16:
         expected = expected32.astype(ml_dtypes.bfloat16).astype(np.float64)
     elif dtype == mx.float16:

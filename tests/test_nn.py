@@ -5,6 +5,7 @@ Outputs are checked against the float64 reference (tests/reference.py) within th
 tolerance table (tests/common.py)."""
 
 import math
+import warnings
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -76,10 +77,10 @@ def test_forward_against_reference(dtype, global_scale, device):
     lin = _linear(96, 40, seed=1)
     lin.bias = lin.bias.astype(dtype)
     q = FP4Linear.from_linear(lin, global_scale=global_scale)
-    if global_scale:
-        amax = float(np.abs(np.array(lin.weight)).max())
-        assert q.global_scale.dtype == mx.float32 and q.global_scale.shape == ()
-        np.testing.assert_allclose(float(q.global_scale), amax / 2688, rtol=1e-6)
+    if global_scale:  # MLX's convention: the tensor amax
+        amax = np.float32(np.abs(np.array(lin.weight)).max())
+        assert q.global_scale.dtype == mx.float32 and q.global_scale.shape == (1,)
+        assert q.global_scale.item() == amax
     else:
         assert q.global_scale is None
     x = common.rand_x((3, 5, 96), dtype, common.rng("x", dtype))
@@ -124,28 +125,30 @@ def test_constructor_and_errors():
         q.global_scale = mx.ones((2,))
 
 
-def test_global_scale_is_not_a_parameter():
+def test_global_scale_is_a_frozen_parameter():
     q = FP4Linear.from_linear(_linear(64, 32), global_scale=True)
     keys = {k for k, _ in tree_flatten(q.parameters())}
-    assert keys == {"weight", "scales", "bias"}
-    q.global_scale = 2.0  # python float accepted, stored fp32
-    assert q.global_scale.dtype == mx.float32 and float(q.global_scale) == 2.0
-    assert "global_scale" not in q and "_global_scale" not in q
+    assert keys == {"weight", "scales", "bias", "global_scale"}
+    assert tree_flatten(q.trainable_parameters()) == []
+    q.global_scale = 2.0  # python float accepted, stored fp32 [1]
+    assert q["global_scale"].dtype == mx.float32 and q["global_scale"].shape == (1,)
+    assert q.global_scale.item() == 2.0 and tree_flatten(q.trainable_parameters()) == []
+    q.load_weights(list(tree_flatten(q.parameters())))  # strict round trip
     q.global_scale = None
-    assert q.global_scale is None
-    # strict load_weights of the parameters still round-trips
-    q.load_weights(list(tree_flatten(q.parameters())))
+    assert q.global_scale is None and "global_scale" not in q
+    assert {k for k, _ in tree_flatten(q.parameters())} == {"weight", "scales", "bias"}
+    for bad, match in [(True, "bool"), (mx.ones((2,)), "one element"), (mx.array(1, mx.int32), "floating"),
+                       ("1.0", "str")]:
+        with pytest.raises(ValueError, match=match):
+            q.global_scale = bad
 
 
-def test_shard_linear_does_not_split_global_scale():
-    """shard_linear splits every parameter; a 0-d global scale would fail there."""
-    from mlx.nn.layers.distributed import shard_linear
-
-    group = mx.distributed.init()
-    q = FP4Linear.from_linear(_linear(64, 32), global_scale=True)
-    for kind in ("all-to-sharded", "sharded-to-all"):
-        s = shard_linear(q, kind, group=group)
-        assert s.weight.shape[1] * 32 // s.bits == 64 // group.size() or kind == "all-to-sharded"
+def test_biases_read_refuses_to_drop_the_global_scale():
+    q = FP4Linear.from_linear(_linear(64, 32))
+    assert q.biases is None and q.get("biases") is None
+    q.global_scale = 1.0
+    with pytest.raises(ValueError, match="global_scale.*mlx_fp4.nn.dequantize"):
+        q.biases
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,9 +170,9 @@ class _Net(nn.Module):
 def test_quantize_model_default():
     net = _Net()
     b_weight = net.b.weight
-    out = fnn.quantize(net, progress=False)
-    assert out is net
-    assert isinstance(net.a, FP4Linear) and net.a.global_scale is None
+    summary = fnn.quantize(net, progress=False)
+    assert summary.model is net
+    assert isinstance(net.a, FP4Linear)
     assert isinstance(net.b, FP4Linear) and net.b.weight is b_weight  # no byte copy
     assert type(net.c) is nn.QuantizedLinear  # affine left alone
     assert type(net.odd) is nn.Linear
@@ -177,32 +180,57 @@ def test_quantize_model_default():
     assert all(isinstance(b.layers[0], FP4Linear) for b in net.blocks)
     x = common.rand_x((2, 32), mx.bfloat16, common.rng("qm"))
     _check_layer(net.a, x)
+    # the summary says what happened and why
+    assert set(summary.converted) == {"a", "b", "blocks.0.layers.0", "blocks.1.layers.0"}
+    assert summary.converted["b"].startswith("wrapped")
+    assert "K=24" in summary.skipped["odd"] and "affine" in summary.skipped["c"]
+    assert "Embedding" in summary.skipped["embed"]
+    assert set(summary.errors) == {"a", "blocks.0.layers.0", "blocks.1.layers.0"}
+    assert all(0 < e < 0.2 for e in summary.errors.values())
+    assert "bits per weight" in str(summary) and 4.5 < summary.bits_per_weight < 32
 
 
-def test_quantize_model_predicate_and_global_scale():
-    net = _Net()
-    seen = []
+def test_quantize_has_mlx_nn_quantize_signature():
+    for args, kw in [((16, 4), {}), ((), dict(group_size=16, bits=4, mode="nvfp4")), ((None, None), {})]:
+        net = _Net()
+        fnn.quantize(net, *args, progress=False, **kw)
+        assert isinstance(net.a, FP4Linear)
+    for args, kw, match in [
+        ((32,), {}, "group_size expected 16"),
+        ((16, 8), {}, "bits expected 4"),
+        ((), dict(mode="mxfp4"), "mode expected 'nvfp4'"),
+        ((), dict(mode="affine"), "mode expected 'nvfp4'"),
+        ((), dict(quantize_input=True), "weight-only"),
+        ((), dict(global_scale="yes"), "global_scale expected True, False or 'auto'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fnn.quantize(_Net(), *args, progress=False, **kw)
 
-    def pred(path, m):
-        seen.append(path)
-        if path == "a":
-            return {"global_scale": True}
-        return path.startswith("blocks")
 
-    fnn.quantize(net, class_predicate=pred)
-    assert set(seen) == {"a", "b", "c", "odd", "blocks.0.layers.0", "blocks.1.layers.0"}
-    assert isinstance(net.a, FP4Linear) and net.a.global_scale is not None
-    assert type(net.b) is nn.QuantizedLinear
-    assert net.blocks[0].layers[0].global_scale is None
-    with pytest.raises(ValueError, match="multiple of 16"):
-        fnn.quantize(_Net(), class_predicate=lambda p, m: p == "odd", progress=False)
-    with pytest.raises(ValueError, match="affine"):
-        fnn.quantize(_Net(), class_predicate=lambda p, m: p == "c", progress=False)
-    with pytest.raises(ValueError, match="mode"):
-        fnn.quantize(_Net(), class_predicate=lambda p, m: {"mode": "mxfp4"}, progress=False)
-    net = _Net()
-    fnn.quantize(net, global_scale=True, progress=False)
-    assert net.a.global_scale is not None and net.blocks[1].layers[0].global_scale is not None
+def _small_net(sigma, outlier=None):
+    net = nn.Sequential(nn.Linear(64, 48, bias=False))
+    w = common.rng("small", sigma).standard_normal((48, 64)).astype(np.float32) * sigma
+    if outlier is not None:
+        w[0, 0] = outlier
+    net.layers[0].weight = mx.array(w)
+    return net
+
+
+def test_underflow_warns_and_auto_picks_the_lower_error():
+    with pytest.warns(UserWarning, match="zero E4M3 block scales"):
+        plain = fnn.quantize(_small_net(2e-4), global_scale=False, progress=False)
+    assert plain.underflow["layers.0"] > 0.9 and plain.errors["layers.0"] > 0.9  # all zeros
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        auto = fnn.quantize(_small_net(2e-4), progress=False)  # default "auto"
+    assert auto.converted["layers.0"] == "quantized + global scale"
+    assert auto.errors["layers.0"] < 0.15 and not auto.underflow
+    # weights of magnitude ~0.2: both errors agree within 1%, so no global scale is kept
+    # (the layer stays loadable by stock mlx-lm)
+    with_gs = fnn.quantize(_small_net(0.2), global_scale=True, progress=False)
+    auto = fnn.quantize(_small_net(0.2), progress=False)
+    assert auto.converted["layers.0"] == "quantized"
+    assert auto.errors["layers.0"] < with_gs.errors["layers.0"] * 1.01
 
 
 def test_dequantize_model_applies_global_scale():
@@ -211,7 +239,7 @@ def test_dequantize_model_applies_global_scale():
     q = net.a
     fnn.dequantize(net, dtype=mx.float32)
     assert type(net.a) is nn.Linear
-    want = ref.decode_weights(q.weight, q.scales, 32, q.global_scale)
+    want = ref.decode_weights(q.weight, q.scales, 32, ref.multiplier(q.global_scale))
     np.testing.assert_allclose(np.array(net.a.weight), want, rtol=2**-23, atol=0)
     assert net.a.bias is q.bias
 
@@ -225,7 +253,7 @@ def test_load_weights_attaches_global_scales_and_swaps_layers():
     from mlx_fp4.checkpoints import NVFP4Weights
 
     fnn.load_weights(dst, NVFP4Weights(weights))
-    assert isinstance(dst.a, FP4Linear) and float(dst.a.global_scale) == float(src.a.global_scale)
+    assert isinstance(dst.a, FP4Linear) and dst.a.global_scale.item() == src.a.global_scale.item()
     assert dst.a.weight is src.a.weight
     x = common.rand_x((2, 32), mx.float32, common.rng("lw"))
     np.testing.assert_array_equal(np.array(dst.a(x)), np.array(src.a(x)))
@@ -363,7 +391,7 @@ def test_lora_fuse_keeps_global_scale():
     l1, _ = _lora_stack(lambda b: b.to_lora(r=4, scale=2.0))
     dense = l1.fuse(dequantize=True)
     assert type(dense) is nn.Linear
-    want = ref.decode_weights(l1.linear.weight, l1.linear.scales, 64, l1.linear.global_scale)
+    want = ref.decode_weights(l1.linear.weight, l1.linear.scales, 64, ref.multiplier(l1.linear.global_scale))
     want = want + 2.0 * (np.array(l1.lora_b).T @ np.array(l1.lora_a).T)
     np.testing.assert_allclose(np.array(dense.weight), want, rtol=1e-5, atol=1e-6)
     fused = l1.fuse()

@@ -239,7 +239,8 @@ def test_global_scale(device, n, k):
     packed, scales, gs = quantize_np(w, global_scale=True)
     amax = np.max(np.abs(w)).astype(np.float32)
     assert gs.shape in ((), (1,)) and gs.dtype == np.float32
-    assert float(gs) == float(amax / np.float32(2688.0)), (float(gs), float(amax) / 2688)
+    assert float(gs) == float(amax), (float(gs), float(amax))  # MLX's convention: the amax
+    m = ref.multiplier(gs)  # the decode multiplier, amax / 2688 in fp32
     # The block holding amax gets the largest scale byte; no scale byte is NaN.
     assert scales.max() == 0x7E and not np.isin(scales, [0x7F, 0xFF]).any()
     # Scales: a nearest E4M3 value of amax_block / 6 / gs.
@@ -247,16 +248,16 @@ def test_global_scale(device, n, k):
     wp = np.zeros((n, blocks * 16))
     wp[:, :k] = w
     amax_b = np.abs(wp.reshape(n, blocks, 16)).max(-1)
-    target = amax_b / 6 / float(gs)
+    target = amax_b / 6 / m
     assert np.all(nearest_ok(np.minimum(target, 448), ref.decode_e4m3(scales), ref.E4M3_GRID))
     # Values: a nearest E2M1 value of w / (s * gs).
-    s_eff = np.repeat(ref.decode_e4m3(scales), 16, axis=1)[:, :k] * float(gs)
+    s_eff = np.repeat(ref.decode_e4m3(scales), 16, axis=1)[:, :k] * m
     codes = ref.unpack_nibbles(packed)[:, :k]
     q = np.abs(w) / s_eff
     assert np.all(nearest_ok(np.minimum(q, 6), np.abs(ref.decode_e2m1(codes)), ref.E2M1_GRID))
     nonzero = (codes & 7) != 0
     np.testing.assert_array_equal((codes >= 8)[nonzero], (w < 0)[nonzero])
-    # Round trip with the multiplier.
+    # Round trip with the global scale as returned.
     d = np_of(
         mx_fp4.dequantize(
             mx.array(packed), mx.array(scales), k=k, global_scale=mx.array(gs), dtype=mx.float32

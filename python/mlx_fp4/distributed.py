@@ -156,10 +156,10 @@ def shard_inplace(
         if not isinstance(a, mx.array):
             continue
         prefix, leaf = owner(p)
-        if prefix is not None and leaf in ("weight", "scales", "bias"):
+        if prefix is not None and leaf in ("weight", "scales", "bias", "global_scale"):
             if prefix in plans:
                 w, scales, bias = plans[prefix]
-                a = {"weight": w, "scales": scales, "bias": bias}[leaf]
+                a = {"weight": w, "scales": scales, "bias": bias}.get(leaf, a)  # global_scale: whole
             new.append((p, a))
             continue
         s = predicate(p, a)
@@ -236,8 +236,8 @@ def _back_to_fp4(m: nn.Module, source: FP4Linear, path: str) -> Optional[nn.Modu
             f"{m['scales'].shape[1]} blocks); split K on block boundaries."
         )
     if cls is None:  # split in place by shard_inplace: still an unsharded layer type
-        return FP4Linear.from_quantized(m, global_scale=source.global_scale)
-    new = cls._blank(m.group, source.global_scale)
+        return FP4Linear.from_quantized(m, global_scale=source.get("global_scale"))
+    new = cls._blank(m.group, source.get("global_scale"))
     new.weight, new.scales = m["weight"], m["scales"]
     if "bias" in m:
         new.bias = m["bias"]
@@ -390,26 +390,16 @@ def quantize(
             new.weight, new.scales = m.weight, m.scales
         else:
             w = m.weight
-            if gs:
-                # Quantize with the group-wide amax: an extra row [amax, 0, ...] makes
-                # the core compute gs = amax/2688 exactly as for the unsharded tensor;
-                # rows are quantized independently, so the real rows are unaffected.
-                extra = mx.zeros((1, w.shape[1]), dtype=mx.float32)
-                extra[0, 0] = amax[path]
-                packed, scales, g = ops.quantize(
-                    mx.concatenate([w.astype(mx.float32), extra], axis=0), global_scale=True
-                )
-                packed, scales = packed[:-1], scales[:-1]
-            else:
-                packed, scales = ops.quantize(w)
-                g = None
+            # With a global scale: the amax of the whole (group-wide) tensor, as unsharded.
+            g = amax[path] if gs else None
+            packed, scales = ops.quantize(w) if g is None else ops.quantize(w, global_scale=g)
             new = cls._blank(m.group, g)
-            new.weight = mx.contiguous(packed).view(mx.uint32)
-            new.scales = mx.contiguous(scales)
+            new.weight = packed.view(mx.uint32)
+            new.scales = scales
         if "bias" in m:
             new.bias = m.bias
         new.freeze()
-        mx.eval(new.parameters(), *([new.global_scale] if new.global_scale is not None else []))
+        mx.eval(new.parameters())
         converted.append((path, new))
     if converted:
         model.update_modules(tree_unflatten(converted))

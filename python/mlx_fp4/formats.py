@@ -58,8 +58,12 @@ def check_scales(scales: mx.array, n: int, k: int, where: str, name: str = "scal
         )
 
 
+GLOBAL_SCALE_SHAPE = (1,)  # one per matrix, as mlx-lm's QuantizedSwitchLinear has one per expert
+
+
 def as_global_scale(value, where: str) -> Optional[mx.array]:
-    """None, a Python number or a one-element float array -> an fp32 0-d array (or None).
+    """None, a Python number or a one-element float array -> an fp32 array of shape (1,)
+    holding MLX's global_scale (the tensor amax), or None.
 
     A bool, a non-float dtype or more than one element is a ValueError naming ``where``.
     """
@@ -68,7 +72,7 @@ def as_global_scale(value, where: str) -> Optional[mx.array]:
     if isinstance(value, bool):
         raise ValueError(f"[{where}] expected a float or a float32 scalar array but got a bool.")
     if isinstance(value, (int, float, np.floating, np.integer)):
-        return mx.array(float(value), dtype=mx.float32)
+        return mx.array([float(value)], dtype=mx.float32)
     if isinstance(value, mx.array):
         if value.size != 1:
             raise ValueError(
@@ -78,17 +82,27 @@ def as_global_scale(value, where: str) -> Optional[mx.array]:
             raise ValueError(
                 f"[{where}] expected a floating dtype but got {dtype_name(value.dtype)}."
             )
-        return value.reshape(()).astype(mx.float32)
+        return value.reshape(GLOBAL_SCALE_SHAPE).astype(mx.float32)
     raise ValueError(
         f"[{where}] expected None, a float or an mx.array but got {type(value).__name__}."
     )
 
 
-def amax_to_multiplier(amax) -> np.float32:
-    """MLX's global_scale (amax) -> the decode multiplier, one fp32 division by 2688."""
-    return np.float32(np.float32(amax) / np.float32(E2M1_E4M3_MAX))
+# The loaders' conversions to MLX's convention, in fp32 on the CPU stream (IEEE rounding,
+# whatever the default device). The kernels decode with global_scale / 2688, which gives the
+# source's multiplier back exactly in most cases and within one fp32 ulp otherwise.
+def global_scale_from_multiplier(multiplier: mx.array) -> mx.array:
+    """ModelOpt's ``weight_scale_2`` (w = e2m1 * e4m3 * multiplier) -> MLX's global_scale."""
+    m = multiplier.astype(mx.float32).reshape(GLOBAL_SCALE_SHAPE)
+    return mx.multiply(m, mx.array(E2M1_E4M3_MAX, mx.float32), stream=mx.cpu)
 
 
-def multiplier_to_amax(multiplier) -> np.float32:
-    """The decode multiplier -> MLX's global_scale (amax), one fp32 product with 2688."""
-    return np.float32(np.float32(multiplier) * np.float32(E2M1_E4M3_MAX))
+def global_scale_from_divisor(divisor: mx.array) -> mx.array:
+    """compressed-tensors' ``weight_global_scale`` (w = e2m1 * e4m3 / divisor) -> MLX's."""
+    d = divisor.astype(mx.float32).reshape(GLOBAL_SCALE_SHAPE)
+    return mx.divide(mx.array(E2M1_E4M3_MAX, mx.float32), d, stream=mx.cpu)
+
+
+def multiplier(global_scale: mx.array) -> mx.array:
+    """MLX's global_scale -> the decode multiplier, one fp32 division by 2688 (as the ops)."""
+    return mx.divide(global_scale.astype(mx.float32), mx.array(E2M1_E4M3_MAX, mx.float32), stream=mx.cpu)

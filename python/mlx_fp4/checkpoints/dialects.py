@@ -2,8 +2,8 @@
 
 ``quant_info`` reads a checkpoint's quantization metadata, ``classify`` names the dialect of
 every quantized layer from its tensor names, and one converter per dialect turns a layer's
-tensors into mlx_fp4's layout (``weight`` uint32, ``scales`` uint8, ``global_scale`` a
-multiplier). See ``mlx_fp4.checkpoints`` for the table.
+tensors into mlx_fp4's layout (``weight`` uint32, ``scales`` uint8, ``global_scale`` fp32 [1]
+in MLX's convention, the amax). See ``mlx_fp4.checkpoints`` for the table.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from typing import Dict, Iterable, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
-from ..formats import E2M1_E4M3_MAX, GROUP_SIZE, describe
+from ..formats import (
+    GLOBAL_SCALE_SHAPE,
+    GROUP_SIZE,
+    describe,
+    global_scale_from_divisor,
+    global_scale_from_multiplier,
+)
 
 
 def load_error(msg):
@@ -126,7 +132,7 @@ def from_modelopt(p, w, get):
     out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
     ws2 = get("weight_scale_2", None)
     if ws2 is not None:
-        out[f"{p}.global_scale"] = _scalar(p, "weight_scale_2", ws2)
+        out[f"{p}.global_scale"] = global_scale_from_multiplier(_scalar(p, "weight_scale_2", ws2))
     return out
 
 
@@ -142,15 +148,11 @@ def from_compressed_tensors(p, w, get):
     out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
     g = get("weight_global_scale", None)
     if g is not None:
-        g = _scalar(p, "weight_global_scale", g)
-        # a divisor: alpha = 1 / weight_global_scale, one IEEE division in fp32.
-        out[f"{p}.global_scale"] = mx.divide(mx.array(1.0, mx.float32), g, stream=mx.cpu)
+        out[f"{p}.global_scale"] = global_scale_from_divisor(_scalar(p, "weight_global_scale", g))
     return out
 
 
-def from_mlx(p, w, get, exact_alpha):
-    if get("biases", None) is not None:
-        raise load_error(f"{p}.biases present: {p} is affine-quantized, not nvfp4.")
+def from_mlx(p, w, get):
     if w.dtype == mx.uint8:
         n, k = _packed_dims(p, "weight", w)
         w = w.view(mx.uint32)
@@ -167,13 +169,8 @@ def from_mlx(p, w, get, exact_alpha):
     _check_block_scales(p, "scales", s, n, k, "weight")
     out = {f"{p}.weight": w, f"{p}.scales": s}
     gs = get("global_scale", None)
-    if gs is not None:
-        gs = _scalar(p, "global_scale", gs)
-        g = np.float32(gs.item())
-        alpha = exact_alpha.get(p)
-        if alpha is None or np.float32(np.float64(alpha) * E2M1_E4M3_MAX) != g:
-            alpha = np.float32(np.float64(g) / E2M1_E4M3_MAX)
-        out[f"{p}.global_scale"] = mx.array(alpha, dtype=mx.float32)
+    if gs is not None:  # already MLX's convention
+        out[f"{p}.global_scale"] = _scalar(p, "global_scale", gs).reshape(GLOBAL_SCALE_SHAPE)
     return out
 
 
@@ -186,7 +183,7 @@ DIALECT_KEYS = {
         "weight_shape",
     ),
     "modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
-    "mlx": ("weight", "scales", "global_scale", "biases"),
+    "mlx": ("weight", "scales", "global_scale"),
 }
 
 
@@ -207,5 +204,6 @@ def classify(weights: dict) -> Dict[str, str]:
         elif name in ("weight_scale", "weight_scale_2") and f"{p}.weight" in weights:
             layers[p] = "modelopt"
         elif name == "scales" and f"{p}.weight" in weights and weights[f"{p}.weight"].ndim == 2:
-            layers[p] = "mlx"
+            if f"{p}.biases" not in weights:  # affine (zero points): MLX's own, passed through
+                layers[p] = "mlx"
     return layers

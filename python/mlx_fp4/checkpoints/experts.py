@@ -6,7 +6,7 @@ Where each expert group goes comes from the model's own ``sanitize`` (mlx-lm's p
 naming): it is run on a probe holding one marker per group under the ``.weight`` names, and the
 stacked key it produces names the destination. Only ``.weight`` needs to be understood by
 ``sanitize`` (Qwen3-MoE's stacks nothing else); scales, global scales and biases follow it.
-Global scales become MLX's convention on the way (the amax, ``multiplier * 2688``), the one
+Global scales arrive in MLX's convention (the amax; load_nvfp4 converts the dialects), the one
 FP4SwitchLinear holds, as mlx-lm's ``QuantizedSwitchLinear`` does.
 """
 
@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..formats import E2M1_E4M3_MAX, describe
+from ..formats import describe
 from ..layers.switch import FP4SwitchLinear, switch_kind
 
 __all__ = ["stack_experts", "swap_switch_layers"]
@@ -81,9 +81,8 @@ def stack_experts(model: nn.Module, weights: dict) -> dict:
             if None in keys:
                 raise ValueError(f"[mlx_fp4.nn.load_weights] {where}.{name}: expert {keys.index(None)} is missing.")
             parts = [weights.pop(k) for k in keys]
-            if name == "global_scale":
-                # load_nvfp4's multipliers -> MLX's amax, one fp32 product each.
-                parts = [p.reshape(()).astype(mx.float32) * mx.array(E2M1_E4M3_MAX, mx.float32) for p in parts]
+            if name == "global_scale":  # load_nvfp4 gives MLX's convention already: [1] each -> [E]
+                parts = [p.reshape(()).astype(mx.float32) for p in parts]
             weights[f"{dest[g]}.{name}"] = mx.stack(parts)
     return weights
 

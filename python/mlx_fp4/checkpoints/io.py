@@ -6,16 +6,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
-from ..convert import global_scales
-from ..formats import E2M1_E4M3_MAX, GROUP_SIZE, describe
+from ..formats import BITS, GROUP_SIZE, MODE, VALUES_PER_U32, describe
 from .dialects import (
     ACTIVATION_SCALES,
     DIALECT_KEYS,
@@ -28,16 +27,14 @@ from .dialects import (
     quant_info,
 )
 
-__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights"]
-
-_ALPHA_META_KEY = "mlx_fp4.alpha"
+__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "copy_tokenizer", "read_configs"]
 
 Source = Union[str, os.PathLike, Mapping[str, mx.array]]
 
 
 class NVFP4Weights(dict):
-    """``dict[str, mx.array]`` in mlx_fp4's layout (``global_scale`` entries are
-    multipliers). Returned by :func:`load_nvfp4`; passing one back to
+    """``dict[str, mx.array]`` in mlx_fp4's layout (``global_scale`` entries in MLX's
+    convention). Returned by :func:`load_nvfp4`; passing one back to
     :func:`load_nvfp4` or :func:`mlx_fp4.nn.load_weights` uses it as is.
 
     ``.dialects`` names the formats that were converted, ``.quantized`` lists
@@ -57,7 +54,8 @@ def _read_json(path: Path) -> Optional[dict]:
     return None
 
 
-def _read_configs(folder: Path) -> dict:
+def read_configs(folder: Path) -> dict:
+    """{'config': config.json, 'hf_quant_config': hf_quant_config.json} of a folder (those present)."""
     cfg = {}
     config = _read_json(folder / "config.json")
     if config is not None:
@@ -76,28 +74,16 @@ def _load_file(path: Path) -> Tuple[dict, dict]:
     return arrays, dict(metadata or {})
 
 
-def _alpha_meta(meta: dict) -> dict:
-    """The exact multipliers save_nvfp4 stored in the metadata: prefix -> fp32."""
-    try:
-        return {
-            k: np.float32(float.fromhex(v))
-            for k, v in json.loads(meta.get(_ALPHA_META_KEY, "{}")).items()
-        }
-    except (ValueError, TypeError, AttributeError):
-        return {}
-
-
 def _read_source(source) -> Tuple[dict, dict, dict]:
-    """-> (weights, metadata, configs)."""
+    """-> (weights, configs)."""
     if isinstance(source, Mapping):
-        return dict(source), {}, {}
+        return dict(source), {}
     path = Path(source)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise load_error(f"source expected a .safetensors file or a folder but got {path}.")
-        weights, meta = _load_file(path)
-        meta[_ALPHA_META_KEY] = _alpha_meta(meta)
-        return weights, meta, _read_configs(path.parent)
+        weights, _ = _load_file(path)
+        return weights, read_configs(path.parent)
     if path.is_dir():
         index = _read_json(path / "model.safetensors.index.json")
         if index is not None and "weight_map" in index:
@@ -107,17 +93,14 @@ def _read_source(source) -> Tuple[dict, dict, dict]:
             files = sorted(Path(p) for p in glob.glob(str(path / "*.safetensors")))
         if not files:
             raise load_error(f"no .safetensors files in {path}.")
-        weights, meta, alphas = {}, {}, {}
+        weights = {}
         for f in files:
-            w, m = _load_file(f)
+            w, _ = _load_file(f)
             dup = weights.keys() & w.keys()
             if dup:
                 raise load_error(f"tensor {sorted(dup)[0]} appears in more than one file ({f.name}).")
             weights.update(w)
-            alphas.update(_alpha_meta(m))
-            meta.update(m)
-        meta[_ALPHA_META_KEY] = alphas
-        return weights, meta, _read_configs(path)
+        return weights, read_configs(path)
     raise load_error(f"source {str(path)!r} is neither a file, a folder nor a dict.")
 
 
@@ -128,8 +111,7 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
         source: a ``.safetensors`` file (its folder's ``config.json`` /
             ``hf_quant_config.json`` are read when present), a folder of them
             (``model.safetensors.index.json`` is honoured), or a dict of arrays
-            (e.g. from ``mx.load``; an MLX ``global_scale`` in it is read in
-            MLX's convention). An :class:`NVFP4Weights` is returned unchanged.
+            (e.g. from ``mx.load``). An :class:`NVFP4Weights` is returned unchanged.
         config: the parsed ``config.json`` (or ``{"config": ..., "hf_quant_config":
             ...}``) to use instead of the files next to ``source``.
 
@@ -142,11 +124,10 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
     """
     if isinstance(source, NVFP4Weights):
         return source
-    weights, metadata, cfgs = _read_source(source)
+    weights, cfgs = _read_source(source)
     if config is not None:
         cfgs = config if ("config" in config or "hf_quant_config" in config) else {"config": config}
     info = quant_info(cfgs)
-    exact_alpha = metadata.get(_ALPHA_META_KEY) or {}
 
     layers = classify(weights)
     out = NVFP4Weights()
@@ -194,7 +175,7 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
             conv = from_compressed_tensors(p, get("weight_packed"), get)
             get("input_global_scale", None)
         else:
-            conv = from_mlx(p, get("weight"), get, exact_alpha)
+            conv = from_mlx(p, get("weight"), get)
         out.update(conv)
         out.dialects.add(dialect)
         out.quantized.append(p)
@@ -203,46 +184,77 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
 
 def _collect(weights) -> Dict[str, mx.array]:
     if isinstance(weights, nn.Module):
-        arrays = dict(tree_flatten(weights.parameters()))
-        arrays.update(global_scales(weights))
-        return arrays
-    if isinstance(weights, NVFP4Weights):
-        return dict(weights)
+        return dict(tree_flatten(weights.parameters()))  # global scales are parameters
     if isinstance(weights, Mapping):
-        arrays = dict(weights)
-        # a plain dict must already be in mlx_fp4's layout (multipliers)
-        return arrays
+        return dict(weights)
     raise ValueError(
         f"[save_nvfp4] weights expected an nn.Module or a dict of arrays but got "
         f"{type(weights).__name__}."
     )
 
 
-def _to_mlx_convention(arrays: Dict[str, mx.array]) -> Tuple[Dict[str, mx.array], dict]:
-    out = {}
-    exact = {}
+def _check_layout(arrays: Dict[str, mx.array]) -> None:
+    """Every quantized linear in mlx_fp4's layout, before anything is written."""
     for key, v in arrays.items():
         if not isinstance(v, mx.array):
             raise ValueError(f"[save_nvfp4] {key} expected an mx.array but got {type(v).__name__}.")
         p, _, name = key.rpartition(".")
         w = arrays.get(f"{p}.weight")
-        if name == "scales" and w is not None and w.ndim == 2:
+        if w is None or w.ndim != 2 or f"{p}.scales" not in arrays:
+            continue
+        if name == "scales" and arrays.get(f"{p}.biases") is None:
             if w.dtype != mx.uint32:
                 raise ValueError(f"[save_nvfp4] {p}.weight expected uint32 [N, K/8] but got {describe(w)}.")
-            n, k = w.shape[0], w.shape[1] * 8
+            n, k = w.shape[0], w.shape[1] * VALUES_PER_U32
             if v.dtype != mx.uint8 or list(v.shape) != [n, k // GROUP_SIZE]:
                 raise ValueError(
                     f"[save_nvfp4] {key} expected uint8 [{n}, {k // GROUP_SIZE}] but got {describe(v)}."
                 )
-        if name == "global_scale" and w is not None and w.ndim == 2 and f"{p}.scales" in arrays:
-            if v.size != 1:
-                raise ValueError(f"[save_nvfp4] {key} expected a scalar but got {describe(v)}.")
-            alpha = np.float32(v.astype(mx.float32).item())
-            out[key] = mx.array(np.float32(np.float64(alpha) * E2M1_E4M3_MAX), dtype=mx.float32)
-            exact[p] = float(alpha).hex()
-            continue
-        out[key] = v
-    return out, exact
+        if name == "global_scale" and v.size != 1:
+            raise ValueError(f"[save_nvfp4] {key} expected a scalar but got {describe(v)}.")
+
+
+# What mlx_lm.convert leaves next to the weights for the tokenizer (tokenizer.save_pretrained).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "spiece.model", "tiktoken.model", "*.tiktoken", "vocab.json", "vocab.txt",
+    "merges.txt", "chat_template.json", "chat_template.jinja", "generation_config.json",
+)
+
+
+def copy_tokenizer(source, folder: Path) -> List[Path]:
+    """The tokenizer into ``folder``: ``source`` a folder (its tokenizer files are copied) or
+    a tokenizer (``save_pretrained``, as mlx_lm.convert does). Returns the files written."""
+    folder = Path(folder)
+    before = {f: f.stat().st_mtime_ns for f in folder.iterdir()}
+    if isinstance(source, (str, os.PathLike)):
+        src = Path(source)
+        if not src.is_dir():
+            raise ValueError(f"[save_nvfp4] tokenizer expected a folder or a tokenizer but got {str(src)!r}.")
+        for pattern in TOKENIZER_FILES:
+            for f in sorted(src.glob(pattern)):
+                if f.is_file() and f.resolve() != (folder / f.name).resolve():
+                    shutil.copy2(f, folder / f.name)
+    elif hasattr(source, "save_pretrained"):
+        source.save_pretrained(str(folder))
+    else:
+        raise ValueError(
+            f"[save_nvfp4] tokenizer expected a folder or a tokenizer but got {type(source).__name__}."
+        )
+    return sorted(f for f in folder.iterdir() if before.get(f) != f.stat().st_mtime_ns)
+
+
+def _saved_config(config: dict) -> dict:
+    """config.json for the MLX layout: ``quantization`` says nvfp4 (mlx-lm infers any other
+    layer's mode from its tensors); per-layer entries of the source are kept; a ModelOpt or
+    compressed-tensors ``quantization_config`` is replaced (mlx-lm writes the duplicate)."""
+    cfg = dict(config)
+    old = cfg.get("quantization")
+    q = {k: v for k, v in old.items() if isinstance(v, (dict, bool))} if isinstance(old, dict) else {}
+    q.update({"group_size": GROUP_SIZE, "bits": BITS, "mode": MODE})
+    cfg["quantization"] = q
+    cfg.pop("quantization_config", None)
+    return cfg
 
 
 def save_nvfp4(
@@ -250,79 +262,55 @@ def save_nvfp4(
     weights,
     *,
     config: Optional[dict] = None,
-    max_shard_bytes: int = 5 << 30,
+    tokenizer=None,
     metadata: Optional[Dict[str, str]] = None,
 ) -> List[Path]:
-    """Save NVFP4 weights in the MLX layout (what mlx-lm writes for nvfp4).
+    """Save NVFP4 weights in the MLX layout, with mlx-lm's own saving code.
 
     Args:
-        path: a ``*.safetensors`` file, or a folder: ``model.safetensors`` (or
-            ``model-0000i-of-0000n.safetensors`` shards of at most
-            ``max_shard_bytes``), ``model.safetensors.index.json`` and, when
-            ``config`` is given, ``config.json`` with
-            ``"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4"}``
-            (duplicated as ``quantization_config``, replacing a ModelOpt or
-            compressed-tensors one).
-        weights: the dict :func:`load_nvfp4` returned (global scales as
-            multipliers), or a model (its parameters plus its FP4Linear global
-            scales).
+        path: a ``*.safetensors`` file, or a folder, written by ``mlx_lm.utils.save_model``:
+            ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` shards) and
+            ``model.safetensors.index.json``; with ``config``, ``config.json``
+            (``mlx_lm.utils.save_config``) with ``"quantization": {"group_size": 16,
+            "bits": 4, "mode": "nvfp4"}``; with ``tokenizer`` (a folder to copy the tokenizer
+            files from, or a tokenizer) its files. Such a folder opens in ``mlx_lm.load`` and
+            ``mlx_lm.generate`` when no layer has a global scale (stock MLX layers cannot hold
+            one: then it raises), and always in ``mlx_fp4.load``.
+        weights: the dict :func:`load_nvfp4` returned, or a model (its parameters, global
+            scales included).
+        metadata: extra safetensors metadata (single-file saves only).
 
-    ``<p>.global_scale`` is written in MLX's convention (``alpha * 2688``, fp32)
-    and the exact multipliers go in the metadata key ``mlx_fp4.alpha``, so
-    :func:`load_nvfp4` returns the same arrays bit for bit. Scales are written
-    as U8 (``mx.save_safetensors`` has no F8_E4M3). Returns the files written.
+    ``<p>.global_scale`` is MLX's convention (the amax) in memory and on disk, so
+    :func:`load_nvfp4` returns the same arrays bit for bit. Scales are written as U8
+    (``mx.save_safetensors`` has no F8_E4M3). Returns every file written.
     """
-    arrays, exact = _to_mlx_convention(_collect(weights))
-    meta = {"format": "mlx"}
-    if exact:
-        meta[_ALPHA_META_KEY] = json.dumps(exact, sort_keys=True)
-    if metadata:
-        meta.update(metadata)
+    arrays = _collect(weights)
+    _check_layout(arrays)
     path = Path(path)
     if path.suffix == ".safetensors":
         path.parent.mkdir(parents=True, exist_ok=True)
-        mx.save_safetensors(str(path), arrays, metadata=meta)
+        mx.save_safetensors(str(path), arrays, metadata={"format": "mlx", **(metadata or {})})
         return [path]
+    from mlx_lm.utils import save_config, save_model
 
+    if metadata:
+        raise ValueError("[save_nvfp4] metadata is for single-file saves (mlx-lm writes the folder's).")
     path.mkdir(parents=True, exist_ok=True)
-    shards, cur, size = [], {}, 0
-    for k, v in arrays.items():
-        if cur and size + v.nbytes > max_shard_bytes:
-            shards.append(cur)
-            cur, size = {}, 0
-        cur[k] = v
-        size += v.nbytes
-    shards.append(cur)
-    files = []
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        name = (
-            "model.safetensors"
-            if len(shards) == 1
-            else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        )
-        shard_meta = dict(meta)
-        if exact:
-            mine = {p: a for p, a in exact.items() if f"{p}.global_scale" in shard}
-            shard_meta[_ALPHA_META_KEY] = json.dumps(mine, sort_keys=True)
-        mx.save_safetensors(str(path / name), shard, metadata=shard_meta)
-        files.append(path / name)
-        weight_map.update({k: name for k in shard})
-    with open(path / "model.safetensors.index.json", "w") as f:
-        json.dump(
-            {
-                "metadata": {"total_size": sum(v.nbytes for v in arrays.values())},
-                "weight_map": dict(sorted(weight_map.items())),
-            },
-            f,
-            indent=4,
-        )
+    save_model(path, weights if isinstance(weights, nn.Module) else _Arrays(arrays))
+    index = path / "model.safetensors.index.json"
+    files = [path / f for f in sorted(set(_read_json(index)["weight_map"].values()))] + [index]
     if config is not None:
-        cfg = dict(config)
-        q = {"group_size": GROUP_SIZE, "bits": 4, "mode": "nvfp4"}
-        cfg["quantization"] = q
-        cfg["quantization_config"] = dict(q)
-        with open(path / "config.json", "w") as f:
-            json.dump(cfg, f, indent=4)
+        save_config(_saved_config(config), path / "config.json")
         files.append(path / "config.json")
+    if tokenizer is not None:
+        files += copy_tokenizer(tokenizer, path)
     return files
+
+
+class _Arrays(nn.Module):
+    """A plain dict of arrays as the module mlx_lm.utils.save_model takes."""
+
+    def __init__(self, arrays: Dict[str, mx.array]):
+        super().__init__()
+        for key, value in tree_unflatten(list(arrays.items())).items():
+            self[key] = value

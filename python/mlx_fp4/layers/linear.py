@@ -6,10 +6,14 @@
 ``group_size``, ``bits`` and ``mode`` attributes, so mlx-lm, LoRA and ``shard_linear`` see the
 layer they expect. The bias is fused into the matmul epilogue.
 
-The global scale is deliberately *not* a parameter: it is absent from ``parameters()``, so
-``shard_linear``/``fully_shard`` (which split every parameter) and
-``Module.load_weights(strict=True)`` do not see it. ``mlx_fp4.nn.load_weights`` (or setting
-``layer.global_scale``) loads it, ``mlx_fp4.checkpoints.save_nvfp4`` saves it.
+The optional global scale is a *parameter*, ``global_scale`` fp32 ``[1]`` in MLX's convention
+(the tensor amax, as ``mx.quantize``/``mx.dequantize`` and mlx-lm's ``QuantizedSwitchLinear``
+take it; the weights decode as ``e2m1 * e4m3 * global_scale / 2688``). So every tool that walks
+parameters carries it (``tree_flatten(model.parameters())``, ``mlx_lm.utils.save_model``), and
+the tools that would drop it raise instead of computing without it: MLX's ``shard_linear``
+(``global_scale`` cannot be split or put into MLX's sharded layer), ``mlx_lm.load`` of a saved
+model (MLX's QuantizedLinear has no such parameter) and ``mlx_lm.utils.dequantize_model``
+(reading ``biases`` of a layer with a global scale raises, see :class:`GlobalScaleMixin`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ..formats import BITS, GROUP_SIZE, MODE, as_global_scale, check_config, che
 
 __all__ = [
     "FP4Linear",
+    "GlobalScaleMixin",
     "is_fp4_linear",
     "is_mlx_nvfp4",
     "linear_kind",
@@ -53,7 +58,34 @@ def linear_kind(m) -> Optional[str]:
 # --------------------------------------------------------------------------- #
 # FP4Linear
 # --------------------------------------------------------------------------- #
-class FP4Linear(nn.QuantizedLinear):
+class GlobalScaleMixin:
+    """The ``global_scale`` parameter of an FP4 layer: set it to None, a float or a scalar
+    array (MLX's convention, the amax); it is stored as a frozen fp32 ``[1]`` parameter, or
+    not at all. ``biases`` is None (nvfp4 has no zero points) but reading it on a layer with a
+    global scale raises: code that decodes ``(weight, scales, biases)`` itself, such as
+    ``mlx_lm.utils.dequantize_model``, would silently drop the scale."""
+
+    def __setattr__(self, key, val):
+        if key == "global_scale":
+            val = as_global_scale(val, f"{type(self).__name__}.global_scale")
+            super().__setattr__(key, val)
+            if val is not None:
+                self.freeze(recurse=False, keys=["global_scale"])
+            return
+        super().__setattr__(key, val)
+
+    @property
+    def biases(self):
+        if "global_scale" in self:
+            raise ValueError(
+                f"[{type(self).__name__}] this layer has a global_scale, which code reading "
+                "(weight, scales, biases) such as mlx_lm.utils.dequantize_model would drop; "
+                "use mlx_fp4.nn.dequantize(model) or layer.dequantized_weight()."
+            )
+        return None
+
+
+class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
     """NVFP4 weight-only linear layer backed by ``mlx_fp4.w4a16_matmul``.
 
     Args:
@@ -62,8 +94,8 @@ class FP4Linear(nn.QuantizedLinear):
         bias (bool): add a bias (fused into the matmul epilogue). Default ``True``.
         group_size, bits, mode: accepted for ``QuantizedLinear`` compatibility;
             must be ``16``, ``4`` and ``"nvfp4"`` (or ``None``).
-        global_scale: optional per-tensor multiplier (float or fp32 scalar);
-            the dequantized weight is ``e2m1 * e4m3 * global_scale``.
+        global_scale: optional per-tensor scale in MLX's convention (the amax, a float or
+            an fp32 scalar); the dequantized weight is ``e2m1 * e4m3 * global_scale / 2688``.
 
     Like ``QuantizedLinear`` the parameters are frozen and the constructor
     fills them with a quantized random weight.
@@ -104,9 +136,7 @@ class FP4Linear(nn.QuantizedLinear):
         self.group_size = GROUP_SIZE
         self.bits = BITS
         self.mode = MODE
-        # QuantizedLinear keeps `biases` (affine zero points); nvfp4 has none.
-        self.biases = None
-        self._global_scale = None
+        self.global_scale = None
 
     @classmethod
     def _empty(cls, input_dims, output_dims):
@@ -124,22 +154,26 @@ class FP4Linear(nn.QuantizedLinear):
         bits: Optional[int] = None,
         mode: str = MODE,
         *,
-        global_scale: bool = False,
+        global_scale=False,
     ) -> "FP4Linear":
         """Quantize an ``nn.Linear`` (round-to-nearest-even E2M1, E4M3 scales).
 
-        ``global_scale=True`` also computes a per-tensor multiplier
-        ``amax(|W|)/2688`` (ModelOpt convention), which keeps small-magnitude
-        tensors away from the E4M3 underflow range.
+        ``global_scale=True`` also computes the per-tensor scale ``amax(|W|)`` (MLX's
+        convention), which keeps small-magnitude tensors away from the E4M3 underflow
+        range; a value (e.g. the amax of the whole tensor this one is a shard of) is used as
+        given.
         """
         check_config(group_size, bits, mode, "FP4Linear.from_linear")
         output_dims, input_dims = linear_layer.weight.shape
         ql = cls._empty(input_dims, output_dims)
-        if global_scale:
+        if global_scale is True:
             packed, scales, gs = ops.quantize(linear_layer.weight, global_scale=True)
             ql.global_scale = gs
-        else:
+        elif global_scale is False or global_scale is None:
             packed, scales = ops.quantize(linear_layer.weight)
+        else:
+            ql.global_scale = global_scale  # checked here, before any work
+            packed, scales = ops.quantize(linear_layer.weight, global_scale=ql["global_scale"])
         ql.weight = packed.view(mx.uint32)
         ql.scales = scales
         if "bias" in linear_layer:
@@ -152,8 +186,8 @@ class FP4Linear(nn.QuantizedLinear):
         """Wrap an MLX ``QuantizedLinear(mode="nvfp4")`` without copying bytes.
 
         The new layer holds the very same ``weight``/``scales``/``bias`` arrays.
-        ``global_scale`` (a multiplier) may be attached; an ``FP4Linear`` input
-        keeps its own unless one is given.
+        ``global_scale`` (MLX's convention, the amax) may be attached; an ``FP4Linear``
+        input keeps its own unless one is given.
         """
         kind = linear_kind(qlinear)
         if kind not in ("nvfp4", "fp4"):
@@ -178,23 +212,12 @@ class FP4Linear(nn.QuantizedLinear):
         if "bias" in qlinear:
             ql.bias = qlinear.bias
         if global_scale is None and kind == "fp4":
-            global_scale = qlinear.global_scale
+            global_scale = qlinear.get("global_scale")
         ql.global_scale = global_scale
         ql.freeze()
         return ql
 
     # -- attributes ----------------------------------------------------------
-    @property
-    def global_scale(self) -> Optional[mx.array]:
-        """Per-tensor float32 multiplier (0-d array) or ``None``. Not a parameter."""
-        return self.__dict__.get("_global_scale")
-
-    def __setattr__(self, key, val):
-        if key == "global_scale":
-            object.__setattr__(self, "_global_scale", as_global_scale(val, "FP4Linear.global_scale"))
-            return
-        super().__setattr__(key, val)
-
     @property
     def input_dims(self) -> int:
         return self.weight.shape[1] * 32 // self.bits
@@ -205,7 +228,7 @@ class FP4Linear(nn.QuantizedLinear):
 
     def _extra_repr(self):
         s = super()._extra_repr()
-        if self.global_scale is not None:
+        if "global_scale" in self:
             s += ", global_scale=True"
         return s
 
@@ -214,7 +237,7 @@ class FP4Linear(nn.QuantizedLinear):
         bias = self.get("bias")
         if bias is None:
             return ops.w4a16_matmul(
-                x, self["weight"], self["scales"], global_scale=self.global_scale
+                x, self["weight"], self["scales"], global_scale=self.get("global_scale")
             )
         # nn.QuantizedLinear computes (x @ W^T) in x.dtype, then `+ bias`, which
         # promotes; keep that output dtype but add the bias in fp32, fused.
@@ -222,7 +245,7 @@ class FP4Linear(nn.QuantizedLinear):
             x,
             self["weight"],
             self["scales"],
-            global_scale=self.global_scale,
+            global_scale=self.get("global_scale"),
             epilogue=[("add", bias)],
             out_dtype=mx.result_type(x.dtype, bias.dtype),
         )
@@ -233,7 +256,7 @@ class FP4Linear(nn.QuantizedLinear):
             self["weight"],
             self["scales"],
             k=self.input_dims,
-            global_scale=self.global_scale,
+            global_scale=self.get("global_scale"),
             dtype=dtype,
         )
 
@@ -287,7 +310,7 @@ def _fp4_lora_class():
                 fused.bias = linear.bias
             if dequantize:
                 return fused
-            return FP4Linear.from_linear(fused, global_scale=linear.global_scale is not None)
+            return FP4Linear.from_linear(fused, global_scale="global_scale" in linear)
 
     return FP4LoRALinear
 
@@ -325,9 +348,9 @@ def is_mlx_nvfp4(m) -> bool:
 
 
 def to_fp4_linear(m: nn.Module, global_scale, where: str) -> nn.Module:
-    """One linear as an FP4Linear: an ``nn.Linear`` is quantized (``global_scale`` a bool:
-    compute one), an MLX nvfp4 ``QuantizedLinear`` wrapped without copying bytes
-    (``global_scale`` a value to attach, or a bool: none), an FP4Linear returned as is."""
+    """One linear as an FP4Linear: an ``nn.Linear`` is quantized (``global_scale`` True:
+    compute one, a value: use it), an MLX nvfp4 ``QuantizedLinear`` wrapped without copying
+    bytes (``global_scale`` a value to attach, a bool: none), an FP4Linear returned as is."""
     kind = linear_kind(m)
     if kind == "fp4":
         return m
@@ -337,7 +360,7 @@ def to_fp4_linear(m: nn.Module, global_scale, where: str) -> nn.Module:
             raise ValueError(
                 f"[{where}] weight input dims expected a multiple of 16 but got {k}."
             )
-        return FP4Linear.from_linear(m, global_scale=bool(global_scale))
+        return FP4Linear.from_linear(m, global_scale=global_scale)
     if kind == "nvfp4":
         # bytes are kept as they are: a *value* may be attached, True cannot be computed
         if isinstance(global_scale, bool) or global_scale is None:

@@ -25,8 +25,8 @@ import mlx.nn as nn
 import mlx.nn.layers.distributed as _mlx_dist
 
 from .. import ops
-from ..formats import BITS, GROUP_SIZE, MODE, as_global_scale
-from .linear import is_fp4_linear, is_mlx_nvfp4, random_fp4_weight
+from ..formats import BITS, GROUP_SIZE, MODE
+from .linear import GlobalScaleMixin, is_fp4_linear, is_mlx_nvfp4, random_fp4_weight
 
 __all__ = ["FP4AllToShardedLinear", "FP4ShardedToAllLinear", "Segments"]
 
@@ -128,8 +128,7 @@ def _fp4_arrays(layer, where):
             f"[{where}] scales expected uint8 [{n}, {k // GROUP_SIZE}] for K={k} but got "
             f"{scales.dtype} {tuple(scales.shape)}."
         )
-    gs = getattr(layer, "global_scale", None)
-    return w, scales, layer.get("bias"), gs, n, k
+    return w, scales, layer.get("bias"), layer.get("global_scale"), n, k
 
 
 def _shard_fp4_arrays(w, scales, bias, sharding, segments, group, where):
@@ -153,7 +152,7 @@ def _shard_fp4_arrays(w, scales, bias, sharding, segments, group, where):
 # --------------------------------------------------------------------------- #
 # sharded layers
 # --------------------------------------------------------------------------- #
-class _FP4Sharded(nn.Module):
+class _FP4Sharded(GlobalScaleMixin, nn.Module):
     """Shared parts of the two sharded FP4 layers (config, global scale, freezing)."""
 
     _sharding = ""
@@ -202,20 +201,6 @@ class _FP4Sharded(nn.Module):
         super().unfreeze(*args, **kwargs)
         self.freeze(recurse=False)
 
-    # The global scale is a plain attribute, never a parameter: MLX's _shard,
-    # fully_shard and load_weights(strict=True) would otherwise split or reject it.
-    @property
-    def global_scale(self) -> Optional[mx.array]:
-        """Per-tensor float32 multiplier (0-d array) or ``None``. Not a parameter."""
-        return self.__dict__.get("_global_scale")
-
-    def __setattr__(self, key, val):
-        if key == "global_scale":
-            gs = as_global_scale(val, f"{type(self).__name__}.global_scale")
-            object.__setattr__(self, "_global_scale", gs)
-            return
-        super().__setattr__(key, val)
-
     @property
     def _per(self) -> int:
         return 8 if self["weight"].dtype == mx.uint32 else 2
@@ -225,7 +210,7 @@ class _FP4Sharded(nn.Module):
             f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
             f"bias={'bias' in self}, group_size=16, bits=4, mode=nvfp4, "
             f"ranks={self.group.size()}"
-            + (", global_scale=True" if self.global_scale is not None else "")
+            + (", global_scale=True" if "global_scale" in self else "")
         )
 
     @classmethod
@@ -286,7 +271,7 @@ class _FP4Sharded(nn.Module):
             x,
             self["weight"],
             self["scales"],
-            global_scale=self.global_scale,
+            global_scale=self.get("global_scale"),
             epilogue=epilogue or None,
             out_dtype=out_dtype,
         )
@@ -295,7 +280,7 @@ class _FP4Sharded(nn.Module):
         """This rank's dense weight shard, global scale included."""
         k = self["weight"].shape[1] * self._per
         return ops.dequantize(
-            self["weight"], self["scales"], k=k, global_scale=self.global_scale, dtype=dtype
+            self["weight"], self["scales"], k=k, global_scale=self.get("global_scale"), dtype=dtype
         )
 
 

@@ -35,7 +35,7 @@ def swiglu(x: mx.array, gate_proj: FP4Linear, up_proj: FP4Linear) -> mx.array:
         x,
         gate_proj["weight"],
         gate_proj["scales"],
-        global_scale=gate_proj.global_scale,
+        global_scale=gate_proj.get("global_scale"),
         epilogue=epilogue,
         out_dtype=out_dtype,
     )
