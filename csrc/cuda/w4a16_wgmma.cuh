@@ -265,6 +265,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   for (int i = 0; i < nst; ++i) {
     const int slot = i % kStages;
     mbar_wait(&full[slot], (i / kStages) & 1);
+    __syncwarp();  // the wgmma instructions below are warp-aligned: reconverge after the spin
     const uint8_t* base = smem + slot * kStageBytes;
     const uint32_t x_addr = smem_addr(base);
     const uint8_t* w = base + kXBytes;
@@ -279,6 +280,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
     wgmma_wait<1>();
     wgmma_pin<TM / 2>(acc);
     if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % kStages]);
+    __syncwarp();
     wgmma_decode_half<T>(A1, w, r0, t, 1, sc0, sc1, s_scale);
     wgmma_issue_half<T, TM>(acc, A1, x_addr, 1);
     wgmma_wait<1>();  // the first half is done: A0 may be overwritten
