@@ -85,31 +85,14 @@ struct DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
 };
 
+CUresult launch_cluster(const Launch& l, void** params, cudaStream_t s);  // kernel_harness_wgmma.h
+
 void launch(const Launch& l, void* args, cudaStream_t s) {
   void* params[] = {args};
-  CUresult r;
-  if (l.cluster.x * l.cluster.y * l.cluster.z > 1) {
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = l.cluster.x;
-    attr.value.clusterDim.y = l.cluster.y;
-    attr.value.clusterDim.z = l.cluster.z;
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = l.grid.x;
-    cfg.gridDimY = l.grid.y;
-    cfg.gridDimZ = l.grid.z;
-    cfg.blockDimX = l.block.x;
-    cfg.blockDimY = l.block.y;
-    cfg.blockDimZ = l.block.z;
-    cfg.sharedMemBytes = l.smem;
-    cfg.hStream = reinterpret_cast<CUstream>(s);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    r = cuLaunchKernelEx(&cfg, l.func, params, nullptr);
-  } else {
-    r = cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
-                       reinterpret_cast<CUstream>(s), params, nullptr);
-  }
+  const CUresult r = l.cluster.x * l.cluster.y * l.cluster.z > 1
+                        ? launch_cluster(l, params, s)
+                        : cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
+                                         l.smem, reinterpret_cast<CUstream>(s), params, nullptr);
   if (r != CUDA_SUCCESS) {
     const char* msg = nullptr;
     cuGetErrorString(r, &msg);
@@ -136,25 +119,10 @@ fp4::W4A16Problem bf16_problem(int64_t m, int64_t n, int64_t k, int64_t wrb, int
   return p;
 }
 
-// The wgmma path: x permuted into g_xp (grown outside any capture, see wgmma_scratch), then the
-// kernel. g_wg: the configuration (null = the plan's).
+// The wgmma path (kernel_harness_wgmma.h): scratch for permuted x, the forced configuration.
 DevBuf* g_xp = nullptr;
 const WgmmaConfig* g_wg = nullptr;
-void wgmma_scratch(int64_t m, int64_t k) {
-  const size_t need = size_t(m) * size_t(wgmma_padded_k(k)) * 2;
-  if (g_xp && g_xp->bytes >= need) return;
-  delete g_xp;
-  g_xp = new DevBuf(need);
-}
-void run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
-  const fp4::W4A16Problem& p = a.p;
-  wgmma_scratch(p.m, p.k);
-  WgmmaPermuteArgs pa{a.x, g_xp->p, p.m, p.k, wgmma_padded_k(p.k)};
-  launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s);
-  WgmmaArgs wa;
-  wgmma_prepare(wa, a, g_xp->p, cfg);
-  launch(wgmma_launch(p, cfg), &wa, s);
-}
+void run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s);
 
 // One product by the given path into a.out (device pointers in a). For dequant: wd/acc scratch.
 void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc, cudaStream_t s) {

@@ -6,6 +6,44 @@
 
 namespace {
 
+// A launch of clusters (the wgmma kernel's split K).
+CUresult launch_cluster(const Launch& l, void** params, cudaStream_t s) {
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = l.cluster.x;
+  attr.value.clusterDim.y = l.cluster.y;
+  attr.value.clusterDim.z = l.cluster.z;
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = l.grid.x;
+  cfg.gridDimY = l.grid.y;
+  cfg.gridDimZ = l.grid.z;
+  cfg.blockDimX = l.block.x;
+  cfg.blockDimY = l.block.y;
+  cfg.blockDimZ = l.block.z;
+  cfg.sharedMemBytes = l.smem;
+  cfg.hStream = reinterpret_cast<CUstream>(s);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cuLaunchKernelEx(&cfg, l.func, params, nullptr);
+}
+
+// x permuted into g_xp (grown only outside a capture: the bench sizes it first), then the kernel.
+void wgmma_scratch(int64_t m, int64_t k) {
+  const size_t need = size_t(m) * size_t(wgmma_padded_k(k)) * 2;
+  if (g_xp && g_xp->bytes >= need) return;
+  delete g_xp;
+  g_xp = new DevBuf(need);
+}
+void run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
+  const fp4::W4A16Problem& p = a.p;
+  wgmma_scratch(p.m, p.k);
+  WgmmaPermuteArgs pa{a.x, g_xp->p, p.m, p.k, wgmma_padded_k(p.k)};
+  launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s);
+  WgmmaArgs wa;
+  wgmma_prepare(wa, a, g_xp->p, cfg);
+  launch(wgmma_launch(p, cfg), &wa, s);
+}
+
 // Exact decode through the wgmma kernel: K = 256 (one stage), x = identity rows (M = K), so
 // y[m, n] = decode(w[n, m]) * scale[n, m / 16] exactly; rows and scales cover every byte and code.
 void check_wgmma_exact_decode(int x_dtype, const WgmmaConfig& cfg) {
