@@ -87,12 +87,16 @@ struct DevBuf {
 
 CUresult launch_cluster(const Launch& l, void** params, cudaStream_t s);  // kernel_harness_wgmma.h
 
-void launch(const Launch& l, void* args, cudaStream_t s) {
+CUresult launch_result(const Launch& l, void* args, cudaStream_t s) {
   void* params[] = {args};
-  const CUresult r = l.cluster.x * l.cluster.y * l.cluster.z > 1
-                        ? launch_cluster(l, params, s)
-                        : cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
-                                         l.smem, reinterpret_cast<CUstream>(s), params, nullptr);
+  return l.cluster.x * l.cluster.y * l.cluster.z > 1
+             ? launch_cluster(l, params, s)
+             : cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
+                              reinterpret_cast<CUstream>(s), params, nullptr);
+}
+
+void launch(const Launch& l, void* args, cudaStream_t s) {
+  const CUresult r = launch_result(l, args, s);
   if (r != CUDA_SUCCESS) {
     const char* msg = nullptr;
     cuGetErrorString(r, &msg);
@@ -122,7 +126,7 @@ fp4::W4A16Problem bf16_problem(int64_t m, int64_t n, int64_t k, int64_t wrb, int
 // The wgmma path (kernel_harness_wgmma.h): scratch for permuted x, the forced configuration.
 DevBuf* g_xp = nullptr;
 const WgmmaConfig* g_wg = nullptr;
-void run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s);
+bool run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s);  // false: not launched (reported)
 
 // One product by the given path into a.out (device pointers in a). For dequant: wd/acc scratch.
 void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc, cudaStream_t s) {

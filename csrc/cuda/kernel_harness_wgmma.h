@@ -34,14 +34,31 @@ void wgmma_scratch(int64_t m, int64_t k) {
   delete g_xp;
   g_xp = new DevBuf(need);
 }
-void run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
+// A rejected tensor map or launch is reported and counted, not fatal, so the other checks still run.
+bool run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
   const fp4::W4A16Problem& p = a.p;
   wgmma_scratch(p.m, p.k);
   WgmmaPermuteArgs pa{a.x, g_xp->p, p.m, p.k, wgmma_padded_k(p.k)};
-  launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s);
   WgmmaArgs wa;
-  wgmma_prepare(wa, a, g_xp->p, cfg);
-  launch(wgmma_launch(p, cfg), &wa, s);
+  try {
+    wgmma_prepare(wa, a, g_xp->p, cfg);
+  } catch (const std::exception& e) {
+    std::printf("wgmma,error,M=%lld,N=%lld,K=%lld,wg=%d/%d,%s\n", (long long)p.m, (long long)p.n, (long long)p.k,
+                cfg.tile_m, cfg.splits, e.what());
+    ++g_failures;
+    return false;
+  }
+  launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s);
+  const CUresult r = launch_result(wgmma_launch(p, cfg), &wa, s);
+  if (r != CUDA_SUCCESS) {
+    const char* msg = nullptr;
+    cuGetErrorString(r, &msg);
+    std::printf("wgmma,error,M=%lld,N=%lld,K=%lld,wg=%d/%d,launch: %s\n", (long long)p.m, (long long)p.n,
+                (long long)p.k, cfg.tile_m, cfg.splits, msg ? msg : "?");
+    ++g_failures;
+    return false;
+  }
+  return true;
 }
 
 // Exact decode through the wgmma kernel: K = 256 (one stage), x = identity rows (M = K), so
@@ -226,6 +243,8 @@ void run_wgmma_bench() {
       for (size_t i = 0; i < cfgs.size(); ++i) {
         char name[32];
         std::snprintf(name, sizeof name, "%s%d/%d", i == 0 ? "plan:" : "", cfgs[i].tile_m, cfgs[i].splits);
+        if (!run_wgmma(cfgs[i], with_copy(0), s)) continue;  // reported; nothing to time
+        CK(cudaStreamSynchronize(s));
         report("wgmma", name, time_us([&](int c) { run_wgmma(cfgs[i], with_copy(c), s); }, copies, iters, s));
       }
       std::fflush(stdout);
