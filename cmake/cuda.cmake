@@ -64,7 +64,7 @@ function(mlx_fp4_add_cuda_backend TARGET)
   get_filename_component(_src "${_src}" ABSOLUTE)
 
   # Kernels: framework-free .cu (no MLX header: nvcc rejects the fmt code MLX's CUDA headers pull in).
-  add_library(mlx_fp4_cuda_kernels OBJECT "${_src}/cuda/w4a16_matmul.cu")
+  add_library(mlx_fp4_cuda_kernels OBJECT "${_src}/cuda/w4a16_matmul.cu" "${_src}/cuda/gather_w4a16_matmul.cu")
   set_target_properties(mlx_fp4_cuda_kernels PROPERTIES
     CUDA_ARCHITECTURES "${MLX_FP4_CUDA_ARCHS}"
     CUDA_STANDARD 17

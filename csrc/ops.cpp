@@ -1,14 +1,25 @@
 // w4a16_matmul: validates every argument once, canonicalizes the epilogue operands, and adds
 // one W4A16Matmul node to the graph. Also the same math in plain MLX ops (reference_ops).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <variant>
 
 #include "errors.h"
 #include "format_tables.h"
+#include "mlx/backend/metal/metal.h"
+#include "mlx/device.h"
 #include "mlx/ops.h"
 #include "mlx_fp4.h"
 #include "op_common.h"
 #include "ops_internal.h"
 #include "primitives.h"
+
+namespace mlx::core::cu {
+bool is_available();  // mlx/backend/cuda/cuda.h (exported by every libmlx build)
+}  // namespace mlx::core::cu
 
 namespace mlx_fp4 {
 namespace {
@@ -31,6 +42,7 @@ struct Checked {
   mx::Shape out_shape;
   int n;
   int k;
+  int mode;  // fp4::Mode
 };
 
 Checked check(
@@ -39,7 +51,9 @@ Checked check(
     const mx::array& scales,
     const std::optional<mx::array>& global_scale,
     std::optional<mx::Dtype> out_dtype,
+    int mode,
     mx::StreamOrDevice s) {
+  check_no_global_scale(mode, global_scale.has_value(), kOp);
   if (x.ndim() < 1) {
     throw_invalid("[", kOp, "] x must have at least 1 dimension [..., K] but got a scalar.");
   }
@@ -72,13 +86,14 @@ Checked check(
     throw_invalid("[", kOp, "] w must be uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)] but got dtype ",
                   dtype_str(w.dtype()), ".");
   }
-  const int64_t blocks = fp4::scale_blocks_for_k(k);
+  const int64_t blocks = fp4::scale_blocks_for_k(k, mode);
   if (scales.dtype() != mx::uint8) {
-    throw_invalid("[", kOp, "] scales must be uint8 (E4M3 bits) but got dtype ", dtype_str(scales.dtype()), ".");
+    throw_invalid("[", kOp, "] scales must be uint8 (", mode == fp4::kModeMxfp4 ? "E8M0" : "E4M3",
+                  " bits) but got dtype ", dtype_str(scales.dtype()), ".");
   }
   if (scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != blocks) {
-    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/16)) = (", n, ", ", blocks, ") but got ",
-                  shape_str(scales.shape()), ".");
+    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/", fp4::block_size(mode), ")) = (", n, ", ", blocks,
+                  ") but got ", shape_str(scales.shape()), " (mode '", mode_name(mode), "').");
   }
   mx::Dtype od = out_dtype.value_or(x.dtype());
   if (!is_supported_float(od)) {
@@ -91,7 +106,7 @@ Checked check(
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
   // Kernels read either layout as bytes; no view node, so shapeless compile keeps working.
-  return Checked{x, w, scales, gs, od, out_shape, n, k};
+  return Checked{x, w, scales, gs, od, out_shape, n, k, mode};
 }
 
 // A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
@@ -143,6 +158,14 @@ std::pair<int, mx::array> canonical_operand(
   }
   auto expanded = full_leading ? v : mx::broadcast_to(v, target, s);
   return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, contiguous_input(expanded, s)};
+}
+
+// x for the primitive: the CUDA backend copies a strided x to rows itself (strided_copy.cuh), the
+// others get a Contiguous node unless x is known to be row-contiguous already.
+static mx::array x_input(const mx::array& x, mx::StreamOrDevice s) {
+  const bool cuda_gpu = mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available();
+  if (cuda_gpu && static_cast<int>(x.ndim()) <= fp4::kMaxStridedXDims) return x;
+  return contiguous_input(x, s);
 }
 
 static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
@@ -215,8 +238,9 @@ Prepared prepare(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    int mode,
     mx::StreamOrDevice s) {
-  Prepared p{check(x, w, scales, global_scale, out_dtype, s), {}};
+  Prepared p{check(x, w, scales, global_scale, out_dtype, mode, s), {}};
   check_epilogue(epilogue, kOp);
   for (size_t i = 0; i < epilogue.size(); ++i) {
     if (epilogue[i].operand) {
@@ -228,11 +252,92 @@ Prepared prepare(
   return p;
 }
 
-// One W4A16Matmul node over the checked, canonical inputs.
+// Where w4a16_matmul runs on an Apple GPU (docs/metal.md, "Routing"). MLX_FP4_METAL_ROUTE:
+// auto (default), ours, mlx, cpu.
+// - cpu: GPUs without simdgroup_matrix and bfloat (before the Apple7 family, e.g. the
+//   paravirtual GPU of macOS CI VMs): our kernels cannot compile there; the op runs on the CPU
+//   (said once on stderr).
+// - mlx: GPUs with neural accelerators (architecture generation >= 17, M5) use them in MLX's
+//   qmm for M > 8, K % 64 == 0 and half/bfloat x; our simdgroup-matrix GEMM does not. The product
+//   comes back rounded to x's dtype (one extra rounding), then the global scale and the epilogue
+//   run as MLX ops in fp32.
+enum class MetalRoute { kOurs, kMlx, kCpu };
+constexpr int kAppleSiliconMinGen = 13;  // M1 = applegpu_g13: Apple7 (simdgroup_matrix, bfloat)
+constexpr int kNaxMinGen = 17;           // MLX's is_nax_available(): generation >= 17
+constexpr int kRouteMinM = 9;            // our vector path ends at M = 8
+constexpr int kNaxKAlign = 64;           // MLX's qmm_nax condition
+constexpr int kMlxBits = 4;              // MLX's quantized_matmul: group size = the mode's block
+
+// Generation of the Apple GPU from MLX's device_info ("applegpu_g17s" -> 17); 0 if unknown.
+int apple_gpu_generation(std::string* arch_out) {
+  const auto& info = mx::device_info(mx::Device::gpu);
+  auto it = info.find("architecture");
+  const std::string arch = it != info.end() && std::holds_alternative<std::string>(it->second)
+      ? std::get<std::string>(it->second) : "";
+  *arch_out = arch;
+  const std::string prefix = "applegpu_g";
+  return arch.rfind(prefix, 0) == 0 ? std::atoi(arch.c_str() + prefix.size()) : 0;
+}
+
+MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
+  const char* env = std::getenv("MLX_FP4_METAL_ROUTE");
+  const std::string mode = env != nullptr ? env : "auto";
+  if (mode != "auto" && mode != "mlx" && mode != "ours" && mode != "cpu") {
+    throw_invalid("[", kOp, "] MLX_FP4_METAL_ROUTE must be auto, ours, mlx or cpu but got '", mode, "'.");
+  }
+  if (stream.device != mx::Device::gpu || !mx::metal::is_available() || mode == "ours") {
+    return MetalRoute::kOurs;
+  }
+  if (mode == "cpu") {
+    return MetalRoute::kCpu;
+  }
+  if (mode == "mlx") {
+    if (c.k % fp4::block_size(c.mode) != 0) {
+      throw_invalid("[", kOp, "] MLX_FP4_METAL_ROUTE=mlx needs K % ", fp4::block_size(c.mode), " == 0 (MLX's ",
+                    mode_name(c.mode), " layout) but got K = ", c.k, ".");
+    }
+    return MetalRoute::kMlx;
+  }
+  std::string arch;
+  const int gen = apple_gpu_generation(&arch);
+  if (gen < kAppleSiliconMinGen) {
+    static bool said = false;
+    if (!said) {
+      said = true;
+      std::fprintf(stderr, "[mlx_fp4] Metal GPU architecture '%s' is not Apple7 or later (no simdgroup_matrix "
+                   "or bfloat): w4a16_matmul runs on the CPU. MLX_FP4_METAL_ROUTE=ours forces the Metal "
+                   "kernels.\n", arch.c_str());
+    }
+    return MetalRoute::kCpu;
+  }
+  const int64_t m = c.x.size() / c.k;
+  if (gen >= kNaxMinGen && m >= kRouteMinM && c.k % kNaxKAlign == 0 && c.x.dtype() != mx::float32) {
+    return MetalRoute::kMlx;
+  }
+  return MetalRoute::kOurs;
+}
+
+mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
+  // MLX's layout: uint32 words [N, K / 8] (a uint8 [N, K / 2] weight is the same bytes).
+  mx::array w32 = c.w_bytes.dtype() == mx::uint32
+      ? c.w_bytes : mx::view(mx::contiguous(c.w_bytes, false, s), mx::uint32, s);
+  auto y = mx::quantized_matmul(c.x, w32, c.scales, std::nullopt, true, fp4::block_size(c.mode), kMlxBits,
+                                mode_name(c.mode), s);
+  y = mx::astype(y, mx::float32, s);
+  if (c.gs) {
+    y = mx::multiply(y, *c.gs, s);
+  }
+  for (const auto& op : epilogue) {
+    y = apply_op_ops(y, op, s);
+  }
+  return mx::astype(y, c.out_dtype, s);
+}
+
+// One W4A16Matmul node over the checked, canonical inputs (the mode is part of its state).
 mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
   const Checked& c = p.c;
   std::vector<mx::array> inputs = {
-      contiguous_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
+      x_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
   if (c.gs) {
     inputs.push_back(*c.gs);
   }
@@ -252,13 +357,13 @@ mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilog
       c.out_shape,
       c.out_dtype,
       std::make_shared<W4A16Matmul>(mx::to_stream(s), c.out_dtype, c.gs.has_value(), std::move(ops),
-                                    std::move(kinds)),
+                                    std::move(kinds), c.mode),
       std::move(inputs));
 }
 
 // The same math in MLX ops: exact fp32 decode, fp32 matmul, multiplier, chain, one cast.
 mx::array reference_graph(const Checked& c, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
-  auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
+  auto wf = decode_f32(c.w_bytes, c.scales, c.k, c.mode, s);  // [N, K] fp32, exact
   auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
   if (c.gs) {
     y = mx::multiply(y, *c.gs, s);
@@ -284,9 +389,24 @@ mx::array w4a16_matmul_with_multiplier(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     bool reference_ops,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  const Prepared p = prepare(x, w, scales, multiplier, epilogue, out_dtype, s);
-  return reference_ops ? reference_graph(p.c, epilogue, s) : matmul_node(p, epilogue, s);
+  const Prepared p = prepare(x, w, scales, multiplier, epilogue, out_dtype, parse_mode(mode, kOp), s);
+  if (reference_ops) {
+    return reference_graph(p.c, epilogue, s);
+  }
+  switch (metal_route(p.c, mx::to_stream(s))) {
+    case MetalRoute::kMlx:
+      return mlx_nvfp4_route(p.c, epilogue, s);
+    case MetalRoute::kCpu:
+      return matmul_node(p, epilogue, mx::default_stream(mx::Device::cpu));
+    case MetalRoute::kOurs:
+      break;
+  }
+  if (mx::to_stream(s).device == mx::Device::gpu && !gpu_kernel_supports_mode(p.c.mode)) {
+    return reference_graph(p.c, epilogue, s);
+  }
+  return matmul_node(p, epilogue, s);
 }
 
 mx::array w4a16_matmul(
@@ -296,9 +416,10 @@ mx::array w4a16_matmul(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
   return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
-                                      /*reference_ops=*/false, s);
+                                      /*reference_ops=*/false, mode, s);
 }
 
 mx::array w4a16_matmul_reference_ops(
@@ -308,9 +429,10 @@ mx::array w4a16_matmul_reference_ops(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
   return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
-                                      /*reference_ops=*/true, s);
+                                      /*reference_ops=*/true, mode, s);
 }
 
 }  // namespace mlx_fp4

@@ -11,14 +11,19 @@ exception; meant to run under compute-sanitizer (memcheck, racecheck, synccheck)
 """
 
 import argparse
+import os
 import sys
 import threading
 import time
 import traceback
 
-import mlx.core as mx
+# The fp32 reference goes through mx.matmul, which uses TF32 on CUDA unless told not to (its ~2e-4
+# error would exceed the fp32 tolerance below); set before MLX reads it.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
-import mlx_fp4 as mx_fp4
+import mlx.core as mx  # noqa: E402
+
+import mlx_fp4 as mx_fp4  # noqa: E402
 
 SHAPES_M = (1, 2, 7, 16, 33, 64, 300)
 SHAPES_K = (64, 256, 520, 1024)

@@ -35,6 +35,7 @@ def _check_doc(doc, device="cpu"):
         assert key in dev, key
     assert dev["versions"]["mlx"] == mx.__version__
     assert _positive(dev["threads"]["cpus"])
+    assert dev["cpu"]["machine"] and "numpy_blas" in dev  # CPU ratios name their machine and BLAS
     assert "git" in dev and "commit" in dev["git"]
     assert doc["timing_method"]["description"] and doc["timing_method"]["launch_overhead"]
     assert doc["points"], "no points"

@@ -128,10 +128,19 @@ def test_forced_narrower_builds(isa):
     if isa == "avx2" and other["hot_loops"] != "avx2-fma":
         pytest.skip("CPU has no AVX2+FMA (or is not x86-64)")
     if isa == "generic" and other["hot_loops"] != "generic-128":
-        pytest.skip("not an x86-64 build")
+        pytest.skip("this platform has no separate generic build")
     for key, bits in base.items():
         if key == "hot_loops":
             continue
         a = np.array(bits, dtype=np.uint32).view(np.float32)
         b = np.array(other[key], dtype=np.uint32).view(np.float32)
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * np.abs(a).max())
+
+
+def test_arm64_picks_neon():
+    """An AArch64 build runs the NEON hot loops (tools/test_arm64.sh runs this under emulation)."""
+    import platform
+
+    if platform.machine().lower() not in ("aarch64", "arm64"):
+        pytest.skip("not an AArch64 machine")
+    assert _run_child({})["hot_loops"] == "neon"

@@ -20,5 +20,7 @@ constexpr int kGemmChunkRows = 512;
 constexpr int kGemvTaskRows = 64;
 // GEMV: how far ahead of the decode each weight row is prefetched (bytes; a few DRAM latencies).
 constexpr int kGemvPrefetchBytes = 512;
+// The prefetch granule: one prefetch per cache line of a weight row.
+constexpr int kCacheLineBytes = 64;
 
 }  // namespace mlx_fp4::cpu

@@ -32,6 +32,10 @@ const HotLoops& pick_hot_loops() {
   }
   if (__builtin_cpu_supports("avx512f")) return hot_loops_avx512();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return hot_loops_avx2();
+#elif defined(__aarch64__)
+  // Advanced SIMD is part of every AArch64 CPU; the generic build stays selectable for testing.
+  const char* env = std::getenv("MLX_FP4_CPU_ISA");
+  if (env == nullptr || std::strcmp(env, "generic") != 0) return hot_loops_neon();
 #endif
   return hot_loops_generic();
 }
@@ -153,6 +157,7 @@ void run_gemv(const fp4::W4A16Problem& p, const Buffers& b) {
     a.n0 = task * kGemvTaskRows;
     a.n1 = std::min(p.n, a.n0 + kGemvTaskRows);
     a.ldy = p.n;
+    a.mode = p.mode;
     // Passes of at most kGemvPassRows activation rows: more live rows would leave fewer weight
     // rows per pass in registers. The task's weight rows stay in L2 between passes.
     for (int r0 = 0; r0 < rows; r0 += kGemvPassRows) {
@@ -224,6 +229,7 @@ void run_gemm(const fp4::W4A16Problem& p, const Buffers& b) {
         d.k0 = k0;
         d.kc = kc;
         d.dst = panel.data();
+        d.mode = p.mode;
         h.decode_panel(d);
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t rcount = std::min<int64_t>(xw, mrows - g * xw);
@@ -254,6 +260,11 @@ void run_gemm(const fp4::W4A16Problem& p, const Buffers& b) {
 
 const char* hot_loops_name() { return hot().name; }
 const HotLoops& hot_loops() { return hot(); }
+
+CpuTiles cpu_tiles() {
+  const HotLoops& h = hot();
+  return {h.vector_floats, h.micro_rows2, h.micro_rows1, kGemmDepth, kGemmPanelRows, kGemvPassRows, kGemvTaskRows};
+}
 
 void run_w4a16(const fp4::W4A16Problem& p, const Buffers& b) {
   if (p.m == 0 || p.n == 0) {

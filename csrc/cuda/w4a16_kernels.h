@@ -42,6 +42,16 @@ struct DequantArgs {
   int out_dtype;  // fp4::OperandDtype
 };
 
+// Row-contiguous copy of a strided array of 2- or 4-byte elements (element strides).
+struct StridedCopyArgs {
+  const void* src;
+  void* dst;
+  int64_t elements;
+  int ndim;
+  int64_t shape[fp4::kMaxStridedXDims];
+  int64_t strides[fp4::kMaxStridedXDims];
+};
+
 struct Launch {
   CUfunction func = nullptr;
   dim3 grid;
@@ -54,6 +64,7 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec);
 Launch dequant_launch(const DequantArgs& d, bool vec);
 Launch epilogue_launch(const fp4::W4A16Problem& p);
+Launch strided_copy_launch(const StridedCopyArgs& c, int element_bytes);
 // Loads every kernel of this file into the current device's context (lazy loading otherwise
 // loads each on its first launch, milliseconds each).
 void preload_kernels();

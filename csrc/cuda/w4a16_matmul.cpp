@@ -19,6 +19,10 @@
 #include "w4a16_kernels.h"
 
 namespace mlx_fp4 {
+
+// The kernels of this backend read NVFP4 scales only so far; MXFP4 runs the MLX-ops form.
+bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+
 namespace {
 
 namespace cu = mx::cu;
@@ -75,6 +79,30 @@ void add_node(cu::CommandEncoder& enc, const Launch& l, Args& args) {
   enc.add_kernel_node_ex(l.func, l.grid, l.block, {}, l.smem, args);
 }
 
+// x as rows of K elements: itself when row-contiguous, else a copy made by a node of ours (ops.cpp
+// adds no Contiguous node for x on CUDA, since every graph node costs host time at each call).
+mx::array rows_of_x(const mx::array& x, cu::CommandEncoder& enc) {
+  if (x.flags().row_contiguous) return x;
+  if (x.ndim() > fp4::kMaxStridedXDims) {
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: strided x with more than 8 dimensions");
+  }
+  mx::array rows = device_array(x.shape(), x.dtype(), enc);
+  cuda::StridedCopyArgs c{};
+  c.src = mx::gpu_ptr<void>(x);
+  c.dst = mx::gpu_ptr<void>(rows);
+  c.elements = static_cast<int64_t>(x.size());
+  c.ndim = static_cast<int>(x.ndim());
+  for (int d = 0; d < c.ndim; ++d) {
+    c.shape[d] = x.shape(d);
+    c.strides[d] = x.strides()[d];
+  }
+  enc.set_input_array(x);
+  enc.set_output_array(rows);
+  add_node(enc, cuda::strided_copy_launch(c, static_cast<int>(x.itemsize())), c);
+  enc.add_temporary(rows);
+  return rows;
+}
+
 }  // namespace
 
 void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -86,8 +114,9 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
     return;
   }
 
+  const mx::array x = rows_of_x(inputs[kInputX], enc);
   cuda::W4A16Args a{};
-  a.x = mx::gpu_ptr<void>(inputs[kInputX]);
+  a.x = mx::gpu_ptr<void>(x);
   a.w = mx::gpu_ptr<uint8_t>(inputs[kInputW]);
   a.scales = mx::gpu_ptr<uint8_t>(inputs[kInputScales]);
   a.global_scale = has_global_scale() ? mx::gpu_ptr<float>(inputs[kInputFirstOptional]) : nullptr;
@@ -108,6 +137,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
 
   if (plan.path == Path::kTensorCore || plan.path == Path::kSimt) {
     for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_input_array(x);
     enc.set_output_array(out);
     const Launch l = plan.path == Path::kTensorCore ? cuda::tc_launch(p, plan.tc, vec, plan.staged) : cuda::simt_launch(p, vec);
     add_node(enc, l, a);
@@ -115,7 +145,6 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   }
 
   // Large M: exact decode of W into x's dtype, dense GEMM in cuBLAS with fp32 accumulation.
-  const auto& x = inputs[kInputX];
   mx::array wd = device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
   cuda::DequantArgs d{a.w, a.scales, mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype};
   const bool dq_vec = vec && reinterpret_cast<uintptr_t>(d.out) % 16 == 0;

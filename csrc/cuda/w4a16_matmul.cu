@@ -14,11 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <type_traits>
 #include <string>
 
 #include "../shared/tiling_cuda.h"
+#include "strided_copy.cuh"
 #include "w4a16_dequant.cuh"
 #include "w4a16_kernels.h"
 #include "w4a16_simt.cuh"
@@ -42,12 +45,26 @@ void throw_cuda(cudaError_t e, const char* what) {
                            cudaGetErrorString(e));
 }
 
+// Handles per (device, kernel), looked up once: cudaGetFuncBySymbol is a runtime call (a lock and
+// a search) that every product would otherwise pay on the host.
+CUfunction func_of_symbol(const void* symbol) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) throw_cuda(e, "cudaGetDevice");
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, CUfunction> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles.find({device, symbol});
+  if (it != handles.end()) return it->second;
+  cudaFunction_t f = nullptr;
+  e = cudaGetFuncBySymbol(&f, symbol);
+  if (e != cudaSuccess) throw_cuda(e, "cudaGetFuncBySymbol");
+  return handles[{device, symbol}] = reinterpret_cast<CUfunction>(f);
+}
+
 template <typename Kernel>
 CUfunction func_of(Kernel kernel) {
-  cudaFunction_t f = nullptr;
-  const cudaError_t e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(kernel));
-  if (e != cudaSuccess) throw_cuda(e, "cudaGetFuncBySymbol");
-  return reinterpret_cast<CUfunction>(f);
+  return func_of_symbol(reinterpret_cast<const void*>(kernel));
 }
 
 template <typename T, int MT, int RT>
@@ -163,6 +180,14 @@ Launch epilogue_launch(const fp4::W4A16Problem& p) {
   return l;
 }
 
+Launch strided_copy_launch(const StridedCopyArgs& c, int element_bytes) {
+  Launch l;
+  l.func = element_bytes == 4 ? func_of(strided_copy_kernel<uint32_t>) : func_of(strided_copy_kernel<uint16_t>);
+  l.grid = dim3(grid_for_elements(c.elements), 1, 1);
+  l.block = dim3(kElementwiseThreads, 1, 1);
+  return l;
+}
+
 void preload_kernels() {
   // With lazy module loading (the CUDA 12+ default) a kernel is loaded on first use, which costs
   // milliseconds; do it once for all of them instead of on the first call of each shape.
@@ -200,6 +225,8 @@ void preload_kernels() {
     }
   }
   epilogue_launch(fp4::W4A16Problem{});
+  strided_copy_launch(StridedCopyArgs{}, 2);
+  strided_copy_launch(StridedCopyArgs{}, 4);
 }
 
 const float* device_constant_zero() {

@@ -80,6 +80,16 @@ inline float block_scale_f32(uint code) {
       (kE2M1HalfUnscale * kE4M3HalfUnscale);
 }
 
+// The block scale as half, exact (every E4M3 value is a half; NaN stays NaN).
+inline half block_scale_f16(uint code) {
+  return as_type<half>(ushort(e4m3_half_bits(code))) * half(kE4M3HalfUnscale);
+}
+
+// One E2M1 code (low 4 bits) as its exact half value.
+inline half e2m1_f16(uint code) {
+  return as_type<half2>(e2m1_pair_half_bits(code & kNibbleMask, 0)).x * half(kE2M1HalfUnscale);
+}
+
 // Eight packed bytes from a pointer with byte alignment only, as the uint2 an aligned load gives.
 inline uint2 load_u2_bytes(device const uchar* p) {
   uint2 q;

@@ -22,7 +22,20 @@ struct GemvRows {
 // halves, fp32), then for each of the MT rows of x loads the 16 x values once and dots them with
 // the R rows; the block scale multiplies each 16-term partial sum once.
 // ALIGNED: 8-byte weight loads and 4-element x loads; otherwise byte and element loads.
-template <typename XT, int MT, int R, bool ALIGNED>
+// FULL: all MT rows of x exist (no per-row check).
+// 16 consecutive x values as fp32, as 4-element vector loads (x rows 4-element aligned).
+template <typename XT>
+inline void load_x16(device const XT* xr, thread float* xv) {
+  for (int q4 = 0; q4 < kBlockSize / 4; ++q4) {
+    const vec<XT, 4> t = *((device const vec<XT, 4>*)(xr + 4 * q4));
+    xv[4 * q4] = float(t.x);
+    xv[4 * q4 + 1] = float(t.y);
+    xv[4 * q4 + 2] = float(t.z);
+    xv[4 * q4 + 3] = float(t.w);
+  }
+}
+
+template <typename XT, int MT, int R, bool ALIGNED, bool FULL>
 inline void gemv_blocks(
     thread GemvAcc<MT, R>& acc,
     device const XT* x,
@@ -42,19 +55,13 @@ inline void gemv_blocks(
       s[r] = block_scale_f32(rows.s[r][b]);
     }
     for (int mi = 0; mi < MT; ++mi) {
-      if (mi >= rows_m) {
+      if (!FULL && mi >= rows_m) {
         break;  // uniform: every lane of the threadgroup has the same rows_m
       }
       device const XT* xr = x + long(m0 + mi) * p.k + b * kBlockSize;
       float xv[kBlockSize];
       if (ALIGNED) {
-        for (int q4 = 0; q4 < kBlockSize / 4; ++q4) {
-          const vec<XT, 4> t = *((device const vec<XT, 4>*)(xr + 4 * q4));
-          xv[4 * q4] = float(t.x);
-          xv[4 * q4 + 1] = float(t.y);
-          xv[4 * q4 + 2] = float(t.z);
-          xv[4 * q4 + 3] = float(t.w);
-        }
+        load_x16(xr, xv);
       } else {
         for (int i = 0; i < kBlockSize; ++i) {
           xv[i] = float(xr[i]);
@@ -142,10 +149,12 @@ template <typename XT, typename OutT, int MT>
     }
   }
   const int full_blocks = p.k / kBlockSize;
-  if (fc_gemv_aligned) {
-    gemv_blocks<XT, MT, R, true>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
+  if (fc_gemv_aligned && rows_m == MT) {
+    gemv_blocks<XT, MT, R, true, true>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
+  } else if (fc_gemv_aligned) {
+    gemv_blocks<XT, MT, R, true, false>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
   } else {
-    gemv_blocks<XT, MT, R, false>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
+    gemv_blocks<XT, MT, R, false, false>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
   }
   if (p.k % kBlockSize != 0 && int(lane) == full_blocks % kMetalSimdWidth) {
     gemv_tail<XT, MT, R>(acc, x, rows, p, m0, rows_m, full_blocks);

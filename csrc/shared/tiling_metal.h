@@ -35,26 +35,43 @@ FP4_CONST int kMetalBPad = 8;
 // for every weight row of the simdgroup. M > MT runs ceil(M / MT) threadgroup rows.
 FP4_CONST int kMetalGemvSimdgroups = 4;
 FP4_CONST int kMetalGemvThreads = kMetalGemvSimdgroups * kMetalSimdWidth;
-FP4_CONST int kMetalGemvMaxMt = 8;
+FP4_CONST int kMetalGemvMaxMt = 16;
 // Weight rows per simdgroup: 4 for up to 4 rows of x (4 x 16 decoded weights + 16 x values in
-// registers), 2 for 8 rows (the accumulators need the registers).
+// registers), 2 for 8 or 16 rows (the MT x R accumulators need the registers).
 FP4_CONST int kMetalGemvRows = 4;
 FP4_CONST int kMetalGemvRowsWide = 2;
 FP4_FN constexpr int metal_gemv_rows(int mt) {
   return mt <= 4 ? kMetalGemvRows : kMetalGemvRowsWide;
 }
-// Rows of x per GEMV threadgroup for M rows: 1, 2, 4 or 8.
+// Rows of x per GEMV threadgroup for M rows: 1, 2, 4, 8 or 16 (one threadgroup row up to
+// M = 16: each weight block is decoded once per threadgroup row).
 FP4_FN constexpr int metal_gemv_mt(int m) {
-  return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : kMetalGemvMaxMt;
+  return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : kMetalGemvMaxMt;
 }
-// The vector path serves M <= kMetalGemvMaxM (the cost model's crossover with the BM=64 GEMM,
-// benchmarks/results/metal/cost_model.json).
+// The automatic choice takes the vector path for M <= kMetalGemvAutoMaxM: the cost model's
+// crossover with the BM=64 GEMM (benchmarks/results/metal/cost_model.json: GEMV 22 vs GEMM 28
+// instructions per weight at M = 8, GEMV 38 at M = 16). Forced (MLX_FP4_METAL_KERNEL), the GEMV
+// takes up to kMetalGemvMaxM rows.
+FP4_CONST int kMetalGemvAutoMaxM = 8;
 FP4_CONST int kMetalGemvMaxM = 16;
 
 // Dispatch thresholds on M (rows of x). See docs/metal.md for the table and the reasons.
 // M <= kMetalGemvMaxM: GEMV. M < kMetalLargeTileMinM: BM=64/BK=32. Otherwise BM=128/BK=64
 // with staged scales.
 FP4_CONST int kMetalLargeTileMinM = 256;
+
+// Split-K of the fused GEMM when its tiles alone cannot fill the GPU (small M, e.g. the 64
+// threadgroups of M <= 64 at N = 4096 on a 40-core GPU): partitions double while the grid stays
+// within kMetalSplitKTargetThreadgroups (MLX's qmm_splitk aims at 512 too) and every partition
+// keeps at least kMetalSplitKMinStrips strips; fp32 partials, then w4a16_splitk_reduce applies
+// the global scale and the epilogue.
+FP4_CONST int kMetalSplitKTargetThreadgroups = 512;
+FP4_CONST int kMetalSplitKMinStrips = 4;
+// ... and while split x M <= kMetalSplitKMaxRows: the fp32 partials cost 8 bytes per row and
+// partition per weight column (written, then read), at most 1024 / K bytes per weight.
+FP4_CONST int kMetalSplitKMaxRows = 128;
+FP4_CONST int kMetalSplitKMax = 16;
+FP4_CONST int kMetalReduceThreads = 256;
 
 // Limits every Apple GPU family has; the metal_sim shim enforces the same numbers.
 FP4_CONST int kMetalMaxThreadgroupBytes = 32768;
@@ -64,5 +81,7 @@ FP4_CONST int kMetalMaxThreadsPerThreadgroup = 1024;
 FP4_FN constexpr int metal_gemm_threads(int bm) {
   return (bm / kMetalSgTile) * kMetalSgN * kMetalSimdWidth;
 }
+// The most any GEMM config launches (BM = 128): its [[max_total_threads_per_threadgroup]].
+FP4_CONST int kMetalGemmMaxThreads = metal_gemm_threads(kMetalLargeBM);
 
 }  // namespace fp4

@@ -6,7 +6,8 @@ namespaces) gets a call `msim_count_block(ID)` after its phis, and every load an
 device, constant, threadgroup, private). The static content of each block is classified here,
 once: integer ALU, float ALU, conversions, conditional branches, simd collectives, simdgroup
 matrix ops, barriers. Vector instructions count once per lane (Apple GPUs execute them lane by
-lane); bit casts, swizzles (extract/insert/shufflevector) and unconditional branches count zero.
+lane); bit casts, swizzles (extract/insert/shufflevector), integer width changes, taking the high
+16 bits of a 32-bit value for a 16-bit use, and unconditional branches count zero.
 
 Usage: instrument(ir_text) -> (instrumented IR text, [per-block class counts]).
 """
@@ -17,10 +18,14 @@ from collections import Counter
 from msl_prep import split_params as split_top
 
 INT_OPS = {"add", "sub", "mul", "udiv", "sdiv", "urem", "srem", "shl", "lshr", "ashr", "and",
-           "or", "xor", "icmp", "trunc", "zext", "sext"}
+           "or", "xor", "icmp"}
 FLOAT_OPS = {"fadd", "fsub", "fmul", "fdiv", "frem", "fneg", "fcmp"}
 CONV_OPS = {"sitofp", "uitofp", "fptosi", "fptoui", "fpext", "fptrunc"}
+# Integer width changes (trunc/zext/sext) are free too: Apple GPUs address the 16-bit halves of
+# their 32-bit registers directly, and clang spells a half2 bit cast on x86 as shifts + truncs
+# (see HIGH_HALF).
 FREE_OPS = {"bitcast", "inttoptr", "ptrtoint", "addrspacecast", "freeze", "extractelement",
+            "trunc", "zext", "sext",
             "insertelement", "shufflevector", "extractvalue", "insertvalue", "phi", "alloca",
             "ret", "unreachable"}
 INT_INTRINSICS = ("llvm.umin", "llvm.umax", "llvm.smin", "llvm.smax", "llvm.abs", "llvm.fshl",
@@ -94,6 +99,20 @@ def string_constants(ir):
     for m in re.finditer(r'^(@[\w.]+) = .*?c"((?:[^"\\]|\\.)*)"', ir, re.M):
         out[m.group(1)] = m.group(2)
     return out
+
+
+HIGH_HALF = re.compile(r"^\s+(%[\w.]+) = lshr i32 %[\w.]+, 16$")
+
+
+def high_half_names(lines):
+    """Values `lshr i32 v, 16` used only by truncs to i16: the high half of a register."""
+    cands = {m.group(1) for ln in lines if (m := HIGH_HALF.match(ln))}
+    ok = set(cands)
+    for ln in lines:
+        for name in cands & set(re.findall(r"%[\w.]+", ln.split("=", 1)[-1])):
+            if not re.search(rf"trunc (?:nuw |nsw )*i32 {re.escape(name)} to i16", ln):
+                ok.discard(name)
+    return ok
 
 
 def classify(line, strings):
@@ -201,6 +220,8 @@ def instrument(ir):
         pending = True  # the entry block starts here
         counts = Counter()
         block_lines = []
+        end = lines.index("}", i)
+        free_shifts = high_half_names(lines[i:end])
 
         def flush():
             nonlocal counts, block_lines
@@ -229,7 +250,8 @@ def instrument(ir):
                 mc = mem_call(line)
                 if mc:
                     block_lines.append(mc)
-                c = classify(line, strings)
+                hh = HIGH_HALF.match(line)
+                c = None if hh and hh.group(1) in free_shifts else classify(line, strings)
                 if c:
                     counts[c[0]] += c[1]
                 block_lines.append(line)

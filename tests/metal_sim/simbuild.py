@@ -188,7 +188,7 @@ def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(
 COUNT_FLAGS = ["-std=c++20", "-O2", "-pthread", "-fno-strict-aliasing", "-fno-exceptions",
                "-fno-vectorize", "-fno-slp-vectorize", "-Xclang",
                "-ffloat16-excess-precision=none", "-Xclang", "-fbfloat16-excess-precision=none",
-               "-Wno-unknown-attributes", "-S", "-emit-llvm"]
+               "-mllvm", "-unroll-threshold=4000", "-Wno-unknown-attributes", "-S", "-emit-llvm"]
 
 
 def _count_compile(cxx, kernel_flags, tu, obj):
@@ -217,6 +217,7 @@ def build_source_runner(name, source, lines, groups=None, extra_flags=(), extra_
     key = _digest([cxx, _run([cxx, "--version"]), *COMMON_FLAGS, *KERNEL_FLAGS, *extra_flags,
                    source, *lines, groups, extra_tu, (SIM / "msl_prep.py").read_bytes(),
                    *_tree_bytes(host_inputs()), count,
+                   *(COUNT_FLAGS if count else []),
                    (SIM / "ir_count.py").read_bytes() if count else b""])
     out_dir = CACHE / f"{name}-{key}"
     runner = out_dir / "runner"

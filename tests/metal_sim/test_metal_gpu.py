@@ -14,9 +14,27 @@ from simcheck import ALL_CONFIGS
 
 pytestmark = pytest.mark.skipif(not mx.metal.is_available(), reason="needs an Apple GPU (Metal)")
 
+
+def gpu_generation():
+    """Architecture generation from MLX ("applegpu_g15s" -> 15; 0 for anything else), as the
+    route in csrc/ops.cpp reads it."""
+    arch = str(mx.device_info(mx.gpu).get("architecture", "")) if mx.metal.is_available() else ""
+    digits = arch[len("applegpu_g"):] if arch.startswith("applegpu_g") else ""
+    num = "".join(ch for ch in digits if ch.isdigit())
+    return int(num) if num else 0
+
+
+# Before Apple7 (M1 = generation 13) the kernels cannot compile (no simdgroup_matrix, no bfloat):
+# the op runs on the CPU there (a paravirtual CI GPU); forcing a kernel would prove nothing.
+KERNELS_RUN = mx.metal.is_available() and gpu_generation() >= 13
+needs_kernels = pytest.mark.skipif(
+    not KERNELS_RUN,
+    reason="GPU before Apple7: the op runs on the CPU here (test_old_gpu_falls_back_to_the_cpu)"
+    if mx.metal.is_available() else "needs an Apple GPU (Metal)")
+
 SHAPES = {
     # (M, N, K): ragged (odd K, K % BK != 0, K < 16) and tile-aligned
-    "gemv": [(1, 70, 37), (3, 65, 7), (4, 256, 512)],
+    "gemv": [(1, 70, 37), (3, 65, 7), (4, 256, 512), (8, 33, 100), (13, 70, 64)],
     "gemm": [(70, 65, 37), (5, 9, 1), (133, 130, 200), (256, 256, 512)],
 }
 EPILOGUES = {
@@ -34,12 +52,13 @@ EPILOGUES = {
 
 def cases():
     for force in ALL_CONFIGS:
-        for m, n, k in SHAPES["gemv" if force == "gemv" else "gemm"]:
+        for m, n, k in SHAPES["gemv" if force.startswith("gemv") else "gemm"]:
             for dtype in common.DTYPES:
                 for epi in EPILOGUES:
                     yield force, m, n, k, dtype, epi
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     "force,m,n,k,dtype,epi", list(cases()),
     ids=lambda v: common.dname(v) if isinstance(v, mx.Dtype) else str(v))
@@ -57,7 +76,8 @@ def test_forced_kernel_on_gpu(monkeypatch, force, m, n, k, dtype, epi):
     common.check_matmul(out, x, w, scales, k=k, global_scale=gs, epilogue=epilogue)
 
 
-@pytest.mark.parametrize("m", [1, 4, 5, 255, 256, 300])
+@needs_kernels
+@pytest.mark.parametrize("m", [1, 4, 8, 9, 255, 256, 300])
 def test_auto_choice_on_gpu(monkeypatch, m):
     import mlx_fp4
 
@@ -68,3 +88,52 @@ def test_auto_choice_on_gpu(monkeypatch, m):
     out = mlx_fp4.w4a16_matmul(x, w, scales, stream=mx.gpu)
     mx.eval(out)
     common.check_matmul(out, x, w, scales, k=96)
+
+
+@pytest.mark.parametrize("m", [1, 64])
+def test_old_gpu_falls_back_to_the_cpu(monkeypatch, m):
+    """The route `cpu` (automatic before Apple7, forced here on any Mac) gives the reference's
+    result through the CPU kernels, with the GPU stream requested."""
+    import mlx_fp4
+
+    monkeypatch.setenv("MLX_FP4_METAL_ROUTE", "auto" if not KERNELS_RUN else "cpu")
+    g = common.rng("metal_gpu_fallback", m)
+    x = common.rand_x((m, 80), mx.bfloat16, g)
+    w, scales, _ = common.rand_weights(96, 80, g)
+    out = mlx_fp4.w4a16_matmul(x, w, scales, stream=mx.gpu)
+    mx.eval(out)
+    common.check_matmul(out, x, w, scales, k=80)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32], ids=common.dname)
+def test_route_to_mlx(monkeypatch, dtype):
+    """MLX_FP4_METAL_ROUTE=mlx: mx.quantized_matmul(mode="nvfp4") + the global scale in fp32. With
+    the output in x's dtype and no epilogue, MLX's one rounding is the output rounding."""
+    import mlx_fp4
+
+    monkeypatch.setenv("MLX_FP4_METAL_ROUTE", "mlx")
+    g = common.rng("metal_gpu_route", common.dname(dtype))
+    x = common.rand_x((40, 128), dtype, g)
+    w, scales, _ = common.rand_weights(72, 128, g)
+    out = mlx_fp4.w4a16_matmul(x, w, scales, stream=mx.gpu)
+    mx.eval(out)
+    common.check_matmul(out, x, w, scales, k=128)
+
+
+@needs_kernels
+@pytest.mark.parametrize("force,m,n,k", [("gemm64k3", 40, 130, 300), ("gemm128sk2", 129, 128, 512),
+                                         ("gemm64", 16, 4096, 1024)])
+def test_split_k_on_gpu(monkeypatch, force, m, n, k):
+    """Forced and automatic split-K (the last: 4 partitions of 8 strips) against the reference,
+    with the global scale and an epilogue applied by the reduction."""
+    import mlx_fp4
+
+    monkeypatch.setenv("MLX_FP4_METAL_KERNEL", force)
+    g = common.rng("metal_gpu_split", force, m, n, k)
+    x = common.rand_x((m, k), mx.bfloat16, g)
+    w, scales, _ = common.rand_weights(n, k, g)
+    epilogue = EPILOGUES["bias_silu"](m, n, g)
+    out = mlx_fp4.w4a16_matmul(x, w, scales, global_scale=0.375, epilogue=epilogue, stream=mx.gpu)
+    mx.eval(out)
+    common.check_matmul(out, x, w, scales, k=k, global_scale=0.375, epilogue=epilogue)

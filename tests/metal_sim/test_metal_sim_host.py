@@ -22,7 +22,7 @@ from simcheck import require_toolchain
 @pytest.mark.parametrize(
     "m,expected",
     [(1, "gemv_mt1"), (2, "gemv_mt2"), (3, "gemv_mt4"), (4, "gemv_mt4"), (5, "gemv_mt8"),
-     (16, "gemv_mt8"), (17, "gemm_bm64_bk32_s0"), (255, "gemm_bm64_bk32_s0"),
+     (8, "gemv_mt8"), (9, "gemm_bm64_bk32_s0"), (255, "gemm_bm64_bk32_s0"),
      (256, "gemm_bm128_bk64_s1"), (5000, "gemm_bm128_bk64_s1")])
 def test_dispatch_table(sim_runner, m, expected):
     plan = sc.run_plan(sim_runner, m, 300, 200)
@@ -53,7 +53,7 @@ def test_gemv_pipeline_is_specialized_on_alignment(sim_runner):
 def test_bindings_follow_primitive_inputs(sim_runner):
     # x, w, scales, out (-1), params (-2), then global scale and operands (none here: x).
     plan = sc.run_plan(sim_runner, 10, 10, 10)
-    assert plan["bindings"] == ["0", "1", "2", "-1", "-2", "0", "0", "0", "0", "0"]
+    assert plan["bindings"] == ["0", "1", "2", "-1", "-2", "0", "0", "0", "0", "0", "0"]
 
 
 def test_forced_gemv_rejects_large_m(sim_runner):
@@ -82,8 +82,9 @@ def test_params_abi_matches_between_cpp_and_msl(sim_runner):
 def test_every_specialization_is_compiled(sim_runner):
     names = subprocess.run([str(sim_runner), "list"], capture_output=True, text=True,
                            check=True).stdout.split()
-    # 4 GEMV (MT = 1, 2, 4, 8) + 4 GEMM configs, x 3 x dtypes x 3 out dtypes.
-    assert len(names) == 8 * 9 and len(set(names)) == 72
+    # 5 GEMV (MT = 1, 2, 4, 8, 16) + 4 GEMM configs, x 3 x dtypes x 3 out dtypes, and the
+    # split-K reduction per out dtype.
+    assert len(names) == 9 * 9 + 3 and len(set(names)) == 84
 
 
 def test_embedded_source_is_ascii_and_self_contained(embedded_msl):

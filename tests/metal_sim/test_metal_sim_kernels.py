@@ -71,11 +71,43 @@ def test_gemv_shapes(sim_runner, tmp_path, m, n, k, guard):
 
 
 # Every GEMV tile height MT on one problem (M rows split over ceil(M / MT) threadgroup rows).
-@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8"])
+@pytest.mark.parametrize("force", ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16"])
 @pytest.mark.parametrize("guard", ["end", "aligned"])
 def test_gemv_tile_heights(sim_runner, tmp_path, force, guard):
     plan = check(sim_runner, tmp_path, 7, 45, 160, force=force, guard=guard, epilogue="bias_silu")
     assert f"_gemv_mt{force[4:]}_" in plan["kernel"][0]
+
+
+# Split-K (forced partition counts): every GEMM config, uneven partitions, the K tail in the last
+# partition, the epilogue applied once by the reduction.
+SPLIT_CASES = [
+    ("gemm64k3", 70, 65, 300, "end", "gate_gelu_clamp_gs"),
+    ("gemm64sk2", 40, 130, 256, "aligned", "four_operands"),
+    ("gemm128k2", 150, 130, 200, "end", "bias_silu"),
+    ("gemm128sk4", 129, 128, 1024, "aligned", "relu_float_tanh_gs"),
+    ("gemm64k16", 9, 70, 513, "start", "none"),
+]
+
+
+@pytest.mark.parametrize("force,m,n,k,guard,epilogue", SPLIT_CASES, ids=lambda v: str(v))
+def test_split_k(sim_runner, tmp_path, force, m, n, k, guard, epilogue):
+    plan = check(sim_runner, tmp_path, m, n, k, force=force, guard=guard, epilogue=epilogue,
+                 out_dtype=sc.BF16)
+    strips = -(-k // (64 if "128" in force else 32))
+    want = int(force.rsplit("k", 1)[1])
+    per = -(-strips // want)
+    assert plan["split"] == [str(-(-strips // per)), str(per)]
+
+
+@pytest.mark.parametrize("m,n,split", [(9, 4096, 8), (16, 4096, 8), (32, 4096, 4), (64, 4096, 2),
+                                       (128, 4096, 1), (16, 14336, 2), (256, 4096, 1)])
+def test_split_k_chosen_for_small_grids(sim_runner, m, n, split):
+    # ceil(N / 64) tiles x split <= 512 threadgroups, split x M <= 128, K = 4096: 128 strips
+    plan = sc.run_plan(sim_runner, m, n, 4096)
+    assert plan["split"][0] == str(split)
+    bm = 64 if m < 256 else 128
+    tiles = 1 << ((-(-m // bm) - 1).bit_length() + (-(-n // 64) - 1).bit_length())
+    assert plan["grid"] == [str(tiles * split)]
 
 
 # Every config x out dtype x epilogue chain, on a ragged shape.
@@ -145,3 +177,27 @@ def test_special_values(sim_runner, tmp_path, force, k):
 @pytest.mark.parametrize("m", [1, 4, 5, 16, 17, 255, 256, 300])
 def test_auto_dispatch_runs(sim_runner, tmp_path, m):
     check(sim_runner, tmp_path, m, 70, 40, force="auto", epilogue="bias_silu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exactness of the bit-built decode: all 16 E2M1 codes x all 256 E4M3 scale bytes.
+
+
+@pytest.mark.parametrize("force", ["gemv16"] + GEMM_CONFIGS)
+@pytest.mark.parametrize("guard", ["end", "aligned"])
+def test_all_code_scale_pairs_exact(sim_runner, tmp_path, force, guard):
+    """x = the 16 x 16 identity, weight row n = codes 0..15 with scale byte n: out[m, n] is the
+    decoded weight e2m1(m) * e4m3(n) itself, which must equal ml_dtypes' decode exactly (NaN for
+    the NaN scale bytes 0x7F and 0xFF)."""
+    import reference as ref
+
+    k, n = 16, 256
+    x = np.eye(k)
+    codes = np.tile(np.arange(16, dtype=np.uint8), (n, 1))
+    packed = ref.pack_nibbles(codes)
+    scales = np.arange(n, dtype=np.uint8).reshape(n, 1)
+    out, plan = sc.run_case(sim_runner, tmp_path / "case", m=k, n=n, k=k, x=x, w_packed=packed,
+                            scales=scales, x_dtype=sc.F32, out_dtype=sc.F32, force=force,
+                            guard=guard)
+    want = ref.decode_weights(packed, scales, k).T  # [k, n]: code m of row n
+    assert np.array_equal(out, want, equal_nan=True), plan["kernel"]

@@ -1,6 +1,8 @@
 """CLI: python -m mlx_fp4.bench [--device cpu|gpu] [--quick] [--shapes NxK ...] [--m M ...] [--out DIR].
 
-python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py)."""
+python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
+python -m mlx_fp4.bench metal-report [...]: correctness + speed report for Apple GPUs (bench/metal_report.py).
+python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py)."""
 
 import argparse
 import math
@@ -45,12 +47,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+# Subcommands, each a module of this package with its own main(argv).
+SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe"}
+
+
 def main(argv=None) -> int:
     argv_list = sys.argv[1:] if argv is None else list(argv)
-    if argv_list[:1] == ["decode"]:
-        from . import decode
+    if argv_list[:1] and argv_list[0] in SUBCOMMANDS:
+        import importlib
 
-        return decode.main(argv_list[1:])
+        module = importlib.import_module(f".{SUBCOMMANDS[argv_list[0]]}", __package__)
+        return module.main(argv_list[1:])
     args = parse_args(argv)
     device = args.device or ("gpu" if _gpu_available() else "cpu")
     if device == "gpu" and not _gpu_available():
@@ -92,7 +99,8 @@ def main(argv=None) -> int:
 
     print(f"mlx_fp4 bench: {device} ({info['device_name']}), mlx {info['versions']['mlx']}, "
           f"commit {(info['git']['commit'] or 'unknown')[:12]}; threads: {threads} CPUs, "
-          f"mlx_fp4 {info['threads']['mlx_fp4']}, numpy BLAS {info['threads']['numpy_blas']['threads']}"
+          f"mlx_fp4 {info['threads']['mlx_fp4']}, numpy BLAS {info['threads']['numpy_blas']['threads']} "
+          f"({info['numpy_blas']['name']} {info['numpy_blas']['core'] or ''})"
           + (f"; mlx_fp4 CPU loops {info['mlx_fp4_cpu']['hot_loops']}" if (info["mlx_fp4_cpu"] or {}).get("hot_loops") else ""))
     print(f"timing: {cfg.describe()}")
     llc_note = f" (CPU last-level cache {llc / 2**20:.0f} MiB)" if device == "cpu" and llc else ""

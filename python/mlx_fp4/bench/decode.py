@@ -44,6 +44,20 @@ PRESETS = {
         num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, max_position_embeddings=32768,
     ),
+    # Mixture of experts (128 experts, top-8): the switch layers run mlx_fp4.gather_w4a16_matmul.
+    "qwen3-30b-a3b": dict(
+        module="qwen3_moe", model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1,
+        mlp_only_layers=[], norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        max_position_embeddings=40960,
+    ),
+    "tiny-moe": dict(
+        module="qwen3_moe", model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512,
+    ),
     # CI-sized Llama (runs in seconds on a CPU).
     "tiny": dict(
         module="llama", model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -92,8 +106,12 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
     if variant != "dense":
-        # Every Linear (the lm_head too): the same bytes for the three quantized variants.
-        nn.quantize(model, group_size=16, bits=4, mode="nvfp4", class_predicate=lambda _, m: isinstance(m, nn.Linear))
+        # Every Linear (the lm_head too) and every SwitchLinear (MoE experts): the same bytes for
+        # the three quantized variants.
+        from mlx_lm.models.switch_layers import SwitchLinear
+
+        nn.quantize(model, group_size=16, bits=4, mode="nvfp4",
+                    class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
         mx.eval(model.parameters())
     if variant in ("fp4", "fp4_fused"):
         from mlx_fp4 import nn as fnn
@@ -105,14 +123,21 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
 
 
 def step_weight_bytes(model) -> int:
-    """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads."""
+    """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads.
+    Expert layers count top_k / num_experts of their bytes (the experts one token routes to)."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
+    from mlx_fp4.layers.switch import switch_kind
+
+    args = getattr(model, "args", None)
+    top_k, experts = getattr(args, "num_experts_per_tok", 1), getattr(args, "num_experts", 1)
     total = 0
     for _, m in model.named_modules():
         if isinstance(m, (nn.Linear, nn.QuantizedLinear)):
             total += sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+        elif switch_kind(m) is not None:
+            total += sum(v.nbytes for _, v in tree_flatten(m.parameters())) * min(top_k, experts) // experts
     return total
 
 
@@ -130,6 +155,20 @@ def time_generation(model, prompt, tokens: int):
     prefill = prompt.size / (t_first - t0)
     decode = (len(out) - 1) / (t_end - t_first) if len(out) > 1 else float("nan")
     return out, prefill, decode
+
+
+def top2_trace(model, prompt, tokens: int):
+    """Greedy tokens with each step's two best token ids and their log-probability gap (untimed):
+    tells a divergence between two variants at a near-tie from a real difference."""
+    from mlx_lm.generate import generate_step
+
+    trace = []
+    for tok, lp in generate_step(prompt, model, max_tokens=tokens):
+        top = mx.argsort(-lp.astype(mx.float32))[:2]
+        vals = lp.astype(mx.float32)[top]
+        ids = top.tolist()
+        trace.append({"token": int(tok), "top2": ids, "gap": float((vals[0] - vals[1]).item())})
+    return trace
 
 
 def host_profile(model, prompt, steps: int) -> dict:
@@ -167,7 +206,7 @@ def run_worker(args) -> dict:
     vocab = PRESETS[args.preset]["vocab_size"]
     prompt = mx.random.randint(0, vocab, (args.prompt,), key=mx.random.key(args.seed + 1))
     t0 = time.perf_counter()
-    time_generation(model, prompt, min(args.tokens, 8))  # warm-up: kernels loaded, JIT done
+    trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
     warmup_s = time.perf_counter() - t0
     runs = []
     for _ in range(args.repeats):
@@ -175,9 +214,9 @@ def run_worker(args) -> dict:
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     return {"variant": variant, "layers": layers, "pid": os.getpid(), "setup_s": setup_s, "warmup_s": warmup_s,
-            "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "runs": runs, "host_profile": prof,
+            "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace, "runs": runs, "host_profile": prof,
             "peak_memory_bytes": mx.get_peak_memory(),
-            "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX_FP4_", "MLX_USE_CUDA_GRAPHS"))}}
+            "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
 
 
 # ---- parent: processes, statistics, report --------------------------------------------------------
@@ -202,6 +241,18 @@ def _stats(values):
     if not v:
         return None
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def first_difference(tokens, ref_trace) -> dict:
+    """Where greedy tokens first differ from the reference, and whether the reference was at a
+    near-tie there (our token is its second choice; its top-2 log-probability gap)."""
+    step = next((i for i, (a, b) in enumerate(zip(tokens, (t["token"] for t in ref_trace))) if a != b), None)
+    if step is None:
+        return {"step": None}
+    r = ref_trace[step]
+    return {"step": step, "ours": tokens[step], "reference": r["token"],
+            "ours_is_reference_second_choice": tokens[step] == r["top2"][1], "reference_top2_gap": r["gap"],
+            "reference_median_top2_gap": statistics.median(t["gap"] for t in ref_trace)}
 
 
 def summarize(results, variants, bandwidth_gbps):
@@ -230,12 +281,12 @@ def summarize(results, variants, bandwidth_gbps):
             if bandwidth_gbps and entry["weight_gbps"]:
                 entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
             row["variants"][v] = entry
-        ref = row["variants"].get("mlx_nvfp4", {}).get("tokens")
+        ref = [r for r in results if r["variant"] == "mlx_nvfp4" and r["layers"] == layers and "top2" in r]
         for v in ("fp4", "fp4_fused"):
             e = row["variants"].get(v, {})
             if ref and e.get("tokens"):
-                first = next((i for i, (a, b) in enumerate(zip(e["tokens"], ref)) if a != b), None)
-                e["first_token_difference_vs_mlx_nvfp4"] = first
+                e["vs_mlx_nvfp4"] = first_difference(e["tokens"], ref[0]["top2"])
+                e["first_token_difference_vs_mlx_nvfp4"] = e["vs_mlx_nvfp4"]["step"]
         points.append(row)
     return points
 

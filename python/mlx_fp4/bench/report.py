@@ -11,7 +11,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from . import timing
+from . import cpu_facts, timing
 
 # ---- system facts -------------------------------------------------------------------------------
 
@@ -175,6 +175,8 @@ def system_info(device: str) -> dict:
         "device_name": _gpu_name() if device == "gpu" else _cpu_model(),
         "mlx_backend": backend,
         "cpu_model": _cpu_model(),
+        "cpu": cpu_facts.cpu_id(),
+        "numpy_blas": cpu_facts.numpy_blas(),
         "llc_bytes": llc_bytes(),
         "memory_available_bytes": available_memory_bytes(device),
         "threads": {

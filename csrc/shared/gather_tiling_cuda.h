@@ -1,0 +1,38 @@
+// Launch constants of the CUDA gathered (mixture-of-experts) kernels
+// (csrc/cuda/gather_w4a16_matmul.cu), shared by the kernels, the MLX glue and the harness.
+#pragma once
+#include "fp4_format.h"
+
+namespace fp4 {
+namespace cuda_gather_tiling {
+
+enum : int {
+  // Plan kernel: one block groups the pairs by expert (counting sort in global memory).
+  kPlanThreads = 1024,
+  // GEMV kernel: one warp per weight row of one expert, kRowsPerPass rows of x per pass over it
+  // (the row stays in L1/L2 between passes), kWarps weight rows per block.
+  kWarps = 8,
+  kRowsPerPass = 4,
+  // Tensor-core kernel (bf16/fp16 x, prefill): a block covers kTcColTiles x 8 rows of one expert
+  // group and kTcRowTiles x 16 weight rows; its kTcWarps warps split K (the dense tensor-core step).
+  kTcColTiles = 4,
+  kTcRowTiles = 2,
+  kTcWarps = 4,
+  kTcTileRows = kTcColTiles * 8,
+  // Tensor cores when the pairs give at least this many rows of x per expert on average.
+  kTcMinRowsPerExpert = 8,
+};
+
+// Upper bound of the tensor-core tiles: every active expert's rows in tiles of kTcTileRows.
+FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows) {
+  return (rows + kTcTileRows - 1) / kTcTileRows + (experts < rows ? experts : rows);
+}
+
+// int32 words of the plan workspace: cursor[E], start[E + 1], active[E], num_active, order[P],
+// num_tiles, tiles[max_tiles] x (expert, first row).
+FP4_FN int64_t plan_workspace_words(int64_t experts, int64_t pairs, int64_t rows) {
+  return 3 * experts + 2 + pairs + 1 + 2 * max_tc_tiles(experts, rows);
+}
+
+}  // namespace cuda_gather_tiling
+}  // namespace fp4

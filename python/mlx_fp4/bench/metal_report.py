@@ -1,0 +1,231 @@
+"""python -m mlx_fp4.bench metal-report: one JSON + Markdown report from any Mac.
+
+1. The GPU: name, architecture (generation: M1 = 13 ... M5 = 17), macOS, MLX and mlx_fp4 versions.
+2. Correctness: every Metal kernel configuration forced in turn (MLX_FP4_METAL_KERNEL) on ragged
+   and aligned shapes, each dtype, against mlx_fp4 on the CPU (an independent implementation);
+   the automatic choice and the route to MLX (MLX_FP4_METAL_ROUTE=mlx) too.
+3. Speed at every M of the cost model's grid (benchmarks/results/metal/cost_model.json) against
+   mx.quantized_matmul(mode="nvfp4") on the same bytes, as ratios measured in the same run.
+4. The end-to-end decode benchmark (python -m mlx_fp4.bench decode, 8 layers; needs mlx-lm;
+   --no-decode skips it), its JSON next to this report.
+
+Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
+saying so and what would run instead, and exits 0: the report is the result either way.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from . import baselines, report, shapes, timing
+
+CONFIGS = ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16", "gemm64", "gemm64s", "gemm128", "gemm128s"]
+GEMV_MAX_M = 16  # the GEMV configurations take up to 16 rows (csrc/shared/tiling_metal.h)
+CHECK_SHAPES = [(1, 70, 37), (3, 64, 256), (8, 130, 200), (16, 96, 512), (70, 65, 37), (150, 128, 256)]
+GRID_M = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
+DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
+# Relative error bound of a GPU result against the CPU one (fp32 output): accumulation order
+# only, first order K * 2^-24 of sum |x w|, times a safety factor of 4.
+SAFETY = 4.0
+
+
+def gpu_info():
+    if not mx.metal.is_available():
+        return {"metal": False}
+    info = dict(mx.device_info(mx.gpu))
+    arch = str(info.get("architecture", ""))
+    gen = int("".join(ch for ch in arch.split("_g")[-1] if ch.isdigit()) or 0) if "_g" in arch else 0
+    # the route of csrc/ops.cpp: kernels from Apple7 (M1 = 13) on, MLX's kernel on M5 (>= 17)
+    return {"metal": True, "device_name": info.get("device_name"), "architecture": arch,
+            "generation": gen, "macos": platform.mac_ver()[0],
+            "memory_bytes": info.get("memory_size"), "kernels_run": gen >= 13,
+            "neural_accelerators": gen >= 17}
+
+
+def _problem(m, n, k, dtype, seed):
+    g = np.random.default_rng([m, n, k, seed])
+    packed = mx.array(g.integers(0, 256, size=(n, (k + 1) // 2), dtype=np.uint8))
+    scales = mx.array(g.integers(0x20, 0x48, size=(n, (k + 15) // 16), dtype=np.uint8))
+    x = mx.array(g.standard_normal((m, k)).astype(np.float32)).astype(dtype)
+    return x, packed, scales
+
+
+def _with_env(name, value, fn):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def _evaluated_under(name, value, fn):
+    """fn() evaluated with the environment variable set (eval_gpu reads it at evaluation)."""
+    def run():
+        y = fn()
+        mx.eval(y)
+        return y
+
+    return _with_env(name, value, run) if value else run()
+
+
+def check_one(m, n, k, dtype, config=None, route=None):
+    """(max |gpu - cpu| / bound, NaNs agree) for one problem, fp32 output."""
+    import mlx_fp4
+
+    x, packed, scales = _problem(m, n, k, dtype, 0)
+    cpu = mlx_fp4.w4a16_matmul(x, packed, scales, out_dtype=mx.float32, stream=mx.cpu)
+    wabs = mx.abs(mlx_fp4.dequantize(packed, scales, k=k, dtype=mx.float32, stream=mx.cpu))
+    mag = mx.matmul(mx.abs(x.astype(mx.float32)), wabs.T, stream=mx.cpu)
+
+    def gpu_run():
+        return mlx_fp4.w4a16_matmul(x, packed, scales, out_dtype=mx.float32, stream=mx.gpu)
+
+    if route:
+        gpu = _evaluated_under("MLX_FP4_METAL_ROUTE", route, gpu_run)
+    else:
+        gpu = _evaluated_under("MLX_FP4_METAL_KERNEL", config, gpu_run)
+    mx.eval(cpu, mag)
+    # MLX's route rounds the product to x's dtype once (docs/metal.md)
+    rounding = 2.0 ** -8 if route == "mlx" and dtype != mx.float32 else 0.0
+    g, c = np.array(gpu), np.array(cpu)
+    bound = SAFETY * (k * 2.0 ** -24 + rounding) * np.array(mag) + 1e-30
+    nan_ok = bool(np.array_equal(np.isnan(g), np.isnan(c)))
+    with np.errstate(invalid="ignore"):
+        ratio = np.abs(g - c) / bound
+    return (float(np.nanmax(ratio)) if ratio.size else 0.0), nan_ok
+
+
+def correctness():
+    rows = []
+    cases = [(c, None) for c in CONFIGS] + [(None, None), (None, "mlx")]
+    for config, route in cases:
+        for m, n, k in CHECK_SHAPES:
+            if config and config.startswith("gemv") and m > GEMV_MAX_M:
+                continue
+            if route == "mlx" and k % 16 != 0:
+                continue  # MLX's nvfp4 layout needs K % 16 == 0
+            for dname, dt in DTYPES.items():
+                try:
+                    ratio, nan_ok = check_one(m, n, k, dt, config, route)
+                    ok = ratio <= 1.0 and nan_ok
+                    rows.append({"config": config or ("route_mlx" if route else "auto"), "m": m,
+                                 "n": n, "k": k, "dtype": dname, "error_over_bound": ratio,
+                                 "ok": ok})
+                except Exception as e:  # report, do not stop: the report is the product
+                    rows.append({"config": config or route or "auto", "m": m, "n": n, "k": k,
+                                 "dtype": dname, "ok": False, "error": f"{type(e).__name__}: {e}"})
+    return rows
+
+
+def speed(grid_nk, grid_m, cfg):
+    ours, theirs = baselines.Fp4Impl(), baselines.MlxNvfp4Impl()
+    rows = []
+    for n, k in grid_nk:
+        ws = baselines.WeightSet(shapes.Shape(f"{n}x{k}", n, k))
+        for impl in (ours, theirs):
+            impl.setup(ws, 2)
+        for m in grid_m:
+            x = mx.array(np.random.default_rng(m).standard_normal((m, k)).astype(np.float32))
+            x = x.astype(mx.bfloat16)
+            try:
+                t = {impl.name: timing.measure(impl.runner(x), cfg) for impl in (ours, theirs)}
+            except Exception as e:  # e.g. MLX's own kernels on a GPU it does not support
+                rows.append({"m": m, "n": n, "k": k, "error": f"{type(e).__name__}: {e}"})
+                continue
+            a, b = t[ours.name].seconds, t[theirs.name].seconds
+            rows.append({"m": m, "n": n, "k": k, "mlx_fp4_us": a and a * 1e6,
+                         "mlx_nvfp4_us": b and b * 1e6,
+                         "speedup_vs_mlx": (b / a) if a and b else None,
+                         "weight_gbps": (ws.shape.weight_bytes / a / 1e9) if a else None})
+        for impl in (ours, theirs):
+            impl.release()
+    return rows
+
+
+def markdown(doc):
+    g = doc["gpu"]
+    out = [f"# mlx_fp4 Metal report\n",
+           f"`{doc['command']}`: {g.get('device_name')} ({g.get('architecture')}), macOS "
+           f"{g.get('macos')}, mlx {doc['versions']['mlx']}, mlx_fp4 {doc['versions']['mlx_fp4']}\n"]
+    if not g.get("metal"):
+        out.append(f"\n{doc['note']}\n")
+        return "".join(out)
+    if not g.get("kernels_run"):
+        out.append("\n**This GPU is not Apple7 or later: the op ran on the CPU (the fallback), not on "
+                   "the Metal kernels.**\n")
+    c = doc["correctness"]
+    bad = [r for r in c if not r["ok"]]
+    out.append(f"\n## Correctness: {len(c) - len(bad)} of {len(c)} checks pass\n\n")
+    out.append("forced kernel configurations (MLX_FP4_METAL_KERNEL), the automatic choice and the "
+               "route to MLX, each dtype, against mlx_fp4 on the CPU\n\n")
+    for r in bad[:20]:
+        out.append(f"- FAIL {r}\n")
+    out.append("\n## Speed vs mx.quantized_matmul(mode=\"nvfp4\"), bf16, same run\n\n")
+    out.append("| N x K | M | ours (us) | MLX (us) | speedup | weight GB/s |\n|---|---|---|---|---|---|\n")
+    for r in doc["speed"]:
+        if "error" in r:
+            out.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['error']} | | | |\n")
+            continue
+        fmt = lambda v, p: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+        out.append(f"| {r['n']}x{r['k']} | {r['m']} | {fmt(r['mlx_fp4_us'], 1)} | "
+                   f"{fmt(r['mlx_nvfp4_us'], 1)} | {fmt(r['speedup_vs_mlx'], 2)} | "
+                   f"{fmt(r['weight_gbps'], 0)} |\n")
+    if "decode" in doc:
+        out.append(f"\nDecode benchmark: exit code {doc['decode']['exit_code']}, results in "
+                   f"`{doc['decode']['files']}`\n")
+    out.append("\nPlease attach metal_report.json to an issue: it is how the cost model "
+               "(docs/metal.md) gets checked against real Apple GPUs.\n")
+    return "".join(out)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench metal-report", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--quick", action="store_true", help="4096x4096 only, fewer repeats")
+    p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark (needs mlx-lm)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[2:] if argv is None else argv)
+    import mlx_fp4
+
+    doc = {"schema": 1, "command": "python -m mlx_fp4.bench metal-report " + " ".join(argv or []),
+           "gpu": gpu_info(), "versions": {"mlx": mx.__version__,
+                                            "mlx_fp4": getattr(mlx_fp4, "__version__", None)},
+           "system": report.system_info("gpu" if mx.metal.is_available() else "cpu"),
+           "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not doc["gpu"]["metal"]:
+        doc["note"] = ("No Apple GPU (Metal) in this MLX: nothing ran on a GPU. mlx_fp4 runs its CPU "
+                       "kernels here; on a Mac this report checks and times the Metal kernels.")
+    else:
+        doc["correctness"] = correctness()
+        grid_nk = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
+        cfg = timing.TimingConfig(repeats=5 if args.quick else 20, budget_s=10.0, max_products=128)
+        mx.set_default_device(mx.gpu)
+        doc["speed"] = speed(grid_nk, GRID_M, cfg)
+        if not args.no_decode:
+            from . import decode
+
+            code = decode.main(["--out", args.out, "--layers", "8", "--no-plot"])
+            doc["decode"] = {"exit_code": code, "files": os.path.join(args.out, "decode_*_gpu.*")}
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, "metal_report")
+    with open(base + ".json", "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    with open(base + ".md", "w") as f:
+        f.write(markdown(doc))
+    print(markdown(doc))
+    print(f"[metal-report] wrote {base}.json and {base}.md")
+    ok = all(r["ok"] for r in doc.get("correctness", []))
+    return 0 if ok else 1
