@@ -21,14 +21,18 @@ from ._ext import (  # noqa: F401
 from .export import _EXPORTING, export_mode, exporting, lowered_gather_w4a16_matmul, lowered_w4a16_matmul
 
 
+# Same signatures as the extension's functions (functools.wraps exposes them); inside export_mode()
+# the calls go to the MLX-native lowering instead.
 @functools.wraps(_ext.w4a16_matmul)
 def w4a16_matmul(*args, **kwargs):
-    return (lowered_w4a16_matmul if _EXPORTING.get() else _ext.w4a16_matmul)(*args, **kwargs)
+    fn = lowered_w4a16_matmul if _EXPORTING.get() else _ext.w4a16_matmul
+    return fn(*args, **kwargs)
 
 
 @functools.wraps(_ext.gather_w4a16_matmul)
 def gather_w4a16_matmul(*args, **kwargs):
-    return (lowered_gather_w4a16_matmul if _EXPORTING.get() else _ext.gather_w4a16_matmul)(*args, **kwargs)
+    fn = lowered_gather_w4a16_matmul if _EXPORTING.get() else _ext.gather_w4a16_matmul
+    return fn(*args, **kwargs)
 
 
 __all__ = [
