@@ -28,7 +28,9 @@ set(MLX_FP4_METAL_SOURCES
     csrc/metal/w4a16_kernel_abi.h
     csrc/metal/w4a16_device.h
     csrc/metal/w4a16_matmul.metal
-    csrc/metal/w4a16_gemv.metal)
+    csrc/metal/w4a16_gemv.metal
+    csrc/metal/gather_kernel_abi.h
+    csrc/metal/gather_w4a16_matmul.metal)
 
 function(mlx_fp4_embed_metal out_file source_dir)
   set(delim "MLXFP4MSL")

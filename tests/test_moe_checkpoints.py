@@ -1,6 +1,6 @@
-"""MoE NVFP4 checkpoints: a ModelOpt-style export with per-expert tensors
-(``...experts.<e>.<proj>.{weight, weight_scale, weight_scale_2}``, ``hf_quant_config.json``)
-loads with mx_fp4.nn.load_model into mlx-lm's switch_mlp layout (naming from mlx-lm's own
+"""MoE NVFP4 checkpoints: ModelOpt-style exports with per-expert tensors
+(``...experts.<e>.<proj>.{weight, weight_scale, weight_scale_2}``, ``hf_quant_config.json``) and
+the same in compressed-tensors' layout (``weight_packed``, ``weight_global_scale``) load with mx_fp4.nn.load_model into mlx-lm's switch_mlp layout (naming from mlx-lm's own
 sanitize) and decodes the same greedy tokens as the model it was exported from."""
 
 import json
@@ -22,6 +22,8 @@ pytest.importorskip("mlx_lm.models.switch_layers")
 # mlx-lm switch projection -> the per-expert name in the Hugging Face checkpoint, per model type.
 HF_EXPERT_NAMES = {
     "qwen3_moe": ("mlp.switch_mlp", "mlp.experts", {"gate_proj": "gate_proj", "up_proj": "up_proj",
+                                                    "down_proj": "down_proj"}),
+    "qwen2_moe": ("mlp.switch_mlp", "mlp.experts", {"gate_proj": "gate_proj", "up_proj": "up_proj",
                                                     "down_proj": "down_proj"}),
     "mixtral": ("block_sparse_moe.switch_mlp", "block_sparse_moe.experts",
                 {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}),
@@ -52,17 +54,45 @@ def modelopt_tensors(model, name):
     return {**tensors, **dense_modelopt_tensors(model, rest)}
 
 
+def as_compressed_tensors(tensors):
+    """The ModelOpt tensors renamed to compressed-tensors' nvfp4-pack-quantized layout
+    (weight_packed; weight_global_scale = 1 / multiplier, a divisor)."""
+    out = {}
+    for k, v in tensors.items():
+        p, _, leaf = k.rpartition(".")
+        if leaf == "weight" and f"{p}.weight_scale" in tensors:
+            out[f"{p}.weight_packed"] = v
+        elif leaf == "weight_scale_2":
+            out[f"{p}.weight_global_scale"] = np.asarray(np.float32(1.0) / v, np.float32).reshape(1)
+        else:
+            out[k] = v
+    return out
+
+
+CT_CONFIG = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+             "quantization_status": "compressed", "ignore": [],
+             "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                           "weights": {"num_bits": 4, "type": "float", "symmetric": True,
+                                                       "group_size": 16, "strategy": "tensor_group"}}}}
+
+
+@pytest.mark.parametrize("dialect", ["modelopt", "compressed-tensors"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_modelopt_moe_folder_loads_and_decodes_the_same(tmp_path, name):
+def test_moe_folder_loads_and_decodes_the_same(tmp_path, name, dialect):
     model = build(name, seed=5)
     fnn.quantize(model, global_scale=True, progress=False)
     tensors = modelopt_tensors(model, name)
     assert any(".experts.1." in k and k.endswith("weight_scale_2") for k in tensors)
+    config = dict(MODELS[name])
+    if dialect == "modelopt":
+        (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt"},
+             "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": []}}))
+    else:
+        tensors = as_compressed_tensors(tensors)
+        config["quantization_config"] = CT_CONFIG
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"},
-         "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": []}}))
-    (tmp_path / "config.json").write_text(json.dumps(MODELS[name]))
+    (tmp_path / "config.json").write_text(json.dumps(config))
     fresh, _ = fnn.load_model(tmp_path)
     experts = [m for _, m in fresh.named_modules() if isinstance(m, fnn.FP4SwitchLinear)]
     assert len(experts) == 3 * MODELS[name]["num_hidden_layers"]

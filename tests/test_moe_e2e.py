@@ -1,5 +1,5 @@
-"""Mixture-of-experts end to end on mlx-lm architectures (tiny configs, random weights, no
-downloads): mx_fp4.nn.quantize converts every SwitchLinear to FP4SwitchLinear (and the
+"""Mixture-of-experts end to end on mlx-lm architectures (Qwen3-MoE, Mixtral, Qwen2-MoE with a
+shared expert; tiny configs, random weights, no downloads): mx_fp4.nn.quantize converts every SwitchLinear to FP4SwitchLinear (and the
 attention to FP4Linear); greedy tokens equal the same model holding the dequantized weights.
 Also: FP4SwitchLinear is a drop-in for mlx-lm's nvfp4 QuantizedSwitchLinear (same bytes, same
 output as mx.gather_qmm)."""
@@ -28,6 +28,10 @@ MODELS = {
                       norm_topk_prob=True, head_dim=16, rope_theta=10000.0),
     "mixtral": dict(COMMON, model_type="mixtral", intermediate_size=48, num_local_experts=4,
                     num_experts_per_tok=2, rope_theta=10000.0),
+    # with a shared expert (dense MLP) and its gate next to the routed experts
+    "qwen2_moe": dict(COMMON, model_type="qwen2_moe", intermediate_size=128, moe_intermediate_size=32,
+                      num_experts=6, num_experts_per_tok=2, shared_expert_intermediate_size=48,
+                      rope_theta=10000.0),
 }
 
 
@@ -116,3 +120,23 @@ def test_global_scale_layer_runs_on_cpu_where_mlx_cannot(device):
     want = mx.gather_mm(x, fp4.dequantized_weight().swapaxes(-1, -2), rhs_indices=idx)
     w = np.array(want)
     assert_close(fp4(x, idx), w, 1e-5 * (np.abs(w) + 1.0), what="global-scale experts")
+
+
+def test_fused_switch_glu_matches_and_decodes_the_same(device):
+    """fuse_switch_glu: silu in the gate's epilogue, the product in the up projection's; the layer
+    matches the unfused SwitchGLU on its decode and sorted paths, and greedy tokens agree."""
+    model = build("qwen3_moe", seed=7)
+    fnn.quantize(model, progress=False)
+    glu = model.model.layers[0].mlp.switch_mlp
+    fused = fnn.FP4SwitchGLU(glu)
+    assert fused.gate_proj is glu.gate_proj  # the experts are shared, not copied
+    for tokens in (3, 40):  # 40 x top-2 >= 64 pairs: the sorted path
+        x = mx.random.normal((1, tokens, 64))
+        idx = mx.array(np.stack([np.random.default_rng(tokens + i).choice(8, 2, replace=False)
+                                 for i in range(tokens)])[None].astype(np.uint32))
+        want = np.array(glu(x, idx))
+        assert_close(fused(x, idx), want, 1e-5 * (np.abs(want) + 1.0), what=f"fused SwitchGLU T={tokens}")
+    twin = copy.deepcopy(model)
+    fnn.fuse_switch_glu(model)
+    assert isinstance(model.model.layers[1].mlp.switch_mlp, fnn.FP4SwitchGLU)
+    same_greedy(greedy(model), greedy(twin), atol=1e-4)

@@ -28,7 +28,8 @@ typedef float vf __attribute__((vector_size(16), aligned(4)));
 alignas(16) constexpr uint8_t kE2M1Fp16High[16] = {0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46,
                                                    0x80, 0xB8, 0xBC, 0xBE, 0xC0, 0xC2, 0xC4, 0xC6};
 
-// 4 packed bytes (8 values, half a scale block) -> lo = even k, hi = odd k, scaled.
+// 4 packed bytes (8 values, inside one scale block in every mode) -> lo = even k, hi = odd k, scaled.
+template <int Mode>
 __attribute__((always_inline)) inline void decode_chunk(const uint8_t* b, const uint8_t* s, const float* stab, vf& lo, vf& hi) {
   uint32_t word;
   std::memcpy(&word, b, sizeof(word));  // exactly the chunk's 4 bytes (no read past a row)

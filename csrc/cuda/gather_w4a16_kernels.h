@@ -1,7 +1,8 @@
 // Framework-free interface of the CUDA gathered W4A16 kernels (gather_w4a16_matmul.cu), launched
 // by the MLX glue (gather_w4a16_matmul.cpp) as CUfunction graph nodes. Two launches per call:
 // the plan groups the (token, expert) pairs by expert on the device, then one GEMV launch covers
-// every (expert, weight-row tile) at once, each expert's rows streamed once for all its pairs.
+// every (expert, weight-row tile) at once, each expert's rows streamed once for all its pairs, or
+// (prefill) one grouped tensor-core launch covers the plan's tiles of each expert's rows.
 #pragma once
 #include <cstdint>
 
@@ -21,13 +22,18 @@ struct GatherArgs {
   const float* multiplier;  // 1 or `experts` values, or null
   const void* operands[fp4::kMaxEpilogueOperands];
   void* out;                // [pairs * m, n], mm.out_dtype
-  int32_t* workspace;       // plan_workspace_words(experts, pairs) int32
+  int32_t* workspace;       // plan_workspace_words(experts, pairs, rows) int32
+  int use_tc;               // 1: the plan lists tensor-core tiles and gather_tc_launch runs
   fp4::GatherW4A16Problem g;
 };
 
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
+// The grouped tensor-core kernel applies: bf16/fp16 x and at least kTcMinRowsPerExpert rows of
+// x per expert on average (prefill); otherwise the GEMV.
+bool gather_use_tc(const fp4::GatherW4A16Problem& g);
 // vec: 16-byte loads of weight and x rows (vector_loads_ok on g.mm and the base pointers).
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
+Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
 
 }  // namespace cuda
 }  // namespace mlx_fp4

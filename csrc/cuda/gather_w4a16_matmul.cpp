@@ -1,6 +1,10 @@
 // GatherW4A16Matmul::eval_gpu for MLX's CUDA backend: binds MLX buffers and adds the two kernels
-// of gather_w4a16_matmul.cu (plan, then GEMV) to MLX's CUDA graph as CUfunction nodes.
+// of gather_w4a16_matmul.cu (plan, then GEMV or grouped tensor cores) to MLX's CUDA graph as
+// CUfunction nodes.
 // Compiled by the C++ compiler (MLX's CUDA headers need fmt, see fmt_shim/), never by nvcc.
+#include <cstdlib>
+#include <string>
+
 #include "../gather_primitive.h"
 #include "gather_w4a16_kernels.h"
 #include "mlx/allocator.h"
@@ -19,7 +23,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   const fp4::GatherW4A16Problem g = problem(inputs, out);
   if (fp4::gather_out_rows(g) == 0 || g.mm.n == 0) return;
 
-  const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs);
+  const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
   mx::array ws({static_cast<int>(words)}, mx::int32, nullptr, {});
   ws.set_data(mx::allocator::malloc(ws.nbytes()));
   cuda::GatherArgs a{};
@@ -32,6 +36,11 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   for (int i = 0; i < g.mm.num_operands; ++i) a.operands[i] = mx::gpu_ptr<void>(inputs[operand_input_index(i)]);
   a.out = mx::gpu_ptr<void>(out);
   a.workspace = mx::gpu_ptr<int32_t>(ws);
+  // MLX_FP4_CUDA_GATHER_PATH=simt|tc forces a kernel (tests, A/B timing); tc needs bf16/fp16 x.
+  static const char* path_env = std::getenv("MLX_FP4_CUDA_GATHER_PATH");
+  const bool half_x = g.mm.x_dtype != fp4::kDtypeF32;
+  const bool tc = path_env && *path_env ? (half_x && std::string(path_env) == "tc") : cuda::gather_use_tc(g);
+  a.use_tc = tc ? 1 : 0;
   a.g = g;
 
   // Plan: reads the indices, writes the workspace (and NaN rows for out-of-range pairs).
@@ -41,12 +50,13 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   enc.set_output_array(out);
   const cuda::Launch plan = cuda::gather_plan_launch(g);
   enc.add_kernel_node_ex(plan.func, plan.grid, plan.block, {}, plan.smem, a);
-  // GEMV over every active expert.
+  // GEMV over every active expert, or the tensor-core kernel over the plan's tiles.
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_input_array(ws);
   enc.set_output_array(out);
-  const cuda::Launch gemv = cuda::gather_gemv_launch(g, cuda::vector_loads_ok(g.mm, a.x, a.w));
-  enc.add_kernel_node_ex(gemv.func, gemv.grid, gemv.block, {}, gemv.smem, a);
+  const bool vec = cuda::vector_loads_ok(g.mm, a.x, a.w);
+  const cuda::Launch run = tc ? cuda::gather_tc_launch(g, vec) : cuda::gather_gemv_launch(g, vec);
+  enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
   enc.add_temporary(ws);
 }
 

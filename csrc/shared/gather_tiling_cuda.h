@@ -13,10 +13,26 @@ enum : int {
   // (the row stays in L1/L2 between passes), kWarps weight rows per block.
   kWarps = 8,
   kRowsPerPass = 4,
+  // Tensor-core kernel (bf16/fp16 x, prefill): a block covers kTcColTiles x 8 rows of one expert
+  // group and kTcRowTiles x 16 weight rows; its kTcWarps warps split K (the dense tensor-core step).
+  kTcColTiles = 4,
+  kTcRowTiles = 2,
+  kTcWarps = 4,
+  kTcTileRows = kTcColTiles * 8,
+  // Tensor cores when the pairs give at least this many rows of x per expert on average.
+  kTcMinRowsPerExpert = 8,
 };
 
-// int32 words of the plan workspace: cursor[E], start[E + 1], active[E], num_active, order[P].
-FP4_FN int64_t plan_workspace_words(int64_t experts, int64_t pairs) { return 3 * experts + 2 + pairs; }
+// Upper bound of the tensor-core tiles: every active expert's rows in tiles of kTcTileRows.
+FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows) {
+  return (rows + kTcTileRows - 1) / kTcTileRows + (experts < rows ? experts : rows);
+}
+
+// int32 words of the plan workspace: cursor[E], start[E + 1], active[E], num_active, order[P],
+// num_tiles, tiles[max_tiles] x (expert, first row).
+FP4_FN int64_t plan_workspace_words(int64_t experts, int64_t pairs, int64_t rows) {
+  return 3 * experts + 2 + pairs + 1 + 2 * max_tc_tiles(experts, rows);
+}
 
 }  // namespace cuda_gather_tiling
 }  // namespace fp4

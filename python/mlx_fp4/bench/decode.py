@@ -23,6 +23,8 @@ import time
 
 import mlx.core as mx
 
+from .plot import pyplot
+
 VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
@@ -41,6 +43,20 @@ PRESETS = {
         module="qwen3", model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False, max_position_embeddings=32768,
+    ),
+    # Mixture of experts (128 experts, top-8): the switch layers run mlx_fp4.gather_w4a16_matmul.
+    "qwen3-30b-a3b": dict(
+        module="qwen3_moe", model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1,
+        mlp_only_layers=[], norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        max_position_embeddings=40960,
+    ),
+    "tiny-moe": dict(
+        module="qwen3_moe", model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512,
     ),
     # CI-sized Llama (runs in seconds on a CPU).
     "tiny": dict(
@@ -90,8 +106,12 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
     if variant != "dense":
-        # Every Linear (the lm_head too): the same bytes for the three quantized variants.
-        nn.quantize(model, group_size=16, bits=4, mode="nvfp4", class_predicate=lambda _, m: isinstance(m, nn.Linear))
+        # Every Linear (the lm_head too) and every SwitchLinear (MoE experts): the same bytes for
+        # the three quantized variants.
+        from mlx_lm.models.switch_layers import SwitchLinear
+
+        nn.quantize(model, group_size=16, bits=4, mode="nvfp4",
+                    class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
         mx.eval(model.parameters())
     if variant in ("fp4", "fp4_fused"):
         from mlx_fp4 import nn as fnn
@@ -103,14 +123,21 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
 
 
 def step_weight_bytes(model) -> int:
-    """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads."""
+    """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads.
+    Expert layers count top_k / num_experts of their bytes (the experts one token routes to)."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
+    from mlx_fp4.layers.switch import switch_kind
+
+    args = getattr(model, "args", None)
+    top_k, experts = getattr(args, "num_experts_per_tok", 1), getattr(args, "num_experts", 1)
     total = 0
     for _, m in model.named_modules():
         if isinstance(m, (nn.Linear, nn.QuantizedLinear)):
             total += sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+        elif switch_kind(m) is not None:
+            total += sum(v.nbytes for _, v in tree_flatten(m.parameters())) * min(top_k, experts) // experts
     return total
 
 
@@ -287,10 +314,9 @@ def table(points, variants) -> str:
 
 
 def plot(doc, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # None without matplotlib (the hint is printed)
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for v in doc["config"]["variants"]:

@@ -14,12 +14,12 @@ import sys
 import mlx.core as mx
 import numpy as np
 
+from ..layers.switch import SORT_MIN_PAIRS, sort_pairs, unsort_pairs
 from . import report, timing
 
 QWEN3_30B_A3B = {"experts": 128, "top_k": 8, "hidden": 2048, "moe_intermediate": 768}
 DECODE_TOKENS = [1, 2, 4, 8, 16]
 PREFILL_TOKENS = [512, 2048]
-SORT_MIN_PAIRS = 64  # mlx-lm's SwitchGLU sorts the pairs by expert from this many on
 OURS = "mlx_fp4"
 IMPLS = {
     OURS: "mlx_fp4.gather_w4a16_matmul (nvfp4)",
@@ -88,15 +88,12 @@ def switch_glu(mm, x, idx):
     sort = idx.size >= SORT_MIN_PAIRS
     flat, inv = idx, None
     if sort:
-        top = idx.shape[-1]
-        order = mx.argsort(idx.flatten())
-        inv = mx.argsort(order)
-        x, flat = x.flatten(0, -3)[order // top], idx.flatten()[order]
+        x, flat, inv = sort_pairs(x, idx)
     up = mm("up", x, flat, sort)
     gate = mm("gate", x, flat, sort)
     y = mm("down", gate * mx.sigmoid(gate) * up, flat, sort)
     if sort:
-        y = mx.unflatten(y[inv], 0, idx.shape)
+        y = unsort_pairs(y, inv, idx.shape)
     return y.squeeze(-2)
 
 

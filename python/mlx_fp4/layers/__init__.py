@@ -9,7 +9,14 @@ from .linear import (
     to_fp4_linear,
 )
 from .sharded import FP4AllToShardedLinear, FP4ShardedToAllLinear
-from .switch import FP4SwitchLinear, is_switch_linear, switch_kind, to_fp4_switch_linear
+from .switch import (
+    FP4SwitchGLU,
+    FP4SwitchLinear,
+    fuse_switch_glu,
+    is_switch_linear,
+    switch_kind,
+    to_fp4_switch_linear,
+)
 from .swiglu import FP4SwiGLU, fuse_swiglu, swiglu
 
 __all__ = [
@@ -17,8 +24,10 @@ __all__ = [
     "FP4Linear",
     "FP4ShardedToAllLinear",
     "FP4SwiGLU",
+    "FP4SwitchGLU",
     "FP4SwitchLinear",
     "fuse_swiglu",
+    "fuse_switch_glu",
     "is_fp4_linear",
     "is_mlx_nvfp4",
     "is_switch_linear",

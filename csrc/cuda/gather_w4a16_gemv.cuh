@@ -1,0 +1,127 @@
+// GEMV kernel of the gathered W4A16 matmul (decode): grid (weight-row tiles, active-expert
+// slots); a warp streams one weight row of its expert once per kRowsPerPass rows of x, fp32 FMA
+// (the SIMT decode of w4a16_simt.cuh), so each active expert's bytes are read once for all its
+// pairs. Included by gather_w4a16_matmul.cu only.
+#pragma once
+#include "gather_w4a16_plan.cuh"
+
+namespace mlx_fp4 {
+namespace cuda {
+namespace {
+
+// R rows of x against one weight row: acc[r] = sum_k x_r[k] * w[k] (this lane's share).
+template <typename XT, bool kVec, int R>
+__device__ __forceinline__ void row_pass(const uint8_t* wrow, const uint8_t* srow, int64_t K, int64_t srb,
+                                         const XT* const (&xr)[R], float (&acc)[R]) {
+  const int lane = threadIdx.x & 31;
+  const int64_t kbytes = (K + 1) / 2;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  if constexpr (kVec) {
+    // One 16-byte load = kLaneK values = two scale blocks per lane and chunk.
+    for (int64_t c = lane; c * kLaneK < K; c += 32) {
+      const int64_t k0 = c * kLaneK;
+      const bool full = k0 + kLaneK <= K;
+      uint32_t wv[4] = {0u, 0u, 0u, 0u};
+      if (full) {
+        const uint4 u = load_stream16(wrow + c * kLaneBytes);
+        wv[0] = u.x, wv[1] = u.y, wv[2] = u.z, wv[3] = u.w;
+      } else {
+        for (int64_t b = c * kLaneBytes; b < kbytes; ++b) wv[(b - c * kLaneBytes) / 4] |= uint32_t(wrow[b]) << (8 * (b % 4));
+      }
+      const float s[2] = {fp4::e4m3_to_float(srow[2 * c]),
+                          2 * c + 1 < srb ? fp4::e4m3_to_float(srow[2 * c + 1]) : 0.0f};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float wq[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) wq[i] = e2m1_fast(wv[q] >> (4 * i)) * s[q / 2];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float xv[8];
+          if (full) {
+            load8(xr[r] + k0 + 8 * q, xv);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[i] = k0 + 8 * q + i < K ? to_float(xr[r][k0 + 8 * q + i]) : 0.0f;
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r] = fmaf(wq[i], xv[i], acc[r]);
+        }
+      }
+    }
+  } else {
+    for (int64_t b = lane; b < kbytes; b += 32) {
+      const uint32_t byte = wrow[b];
+      const float sc = fp4::e4m3_to_float(srow[b / (fp4::kBlockSize / 2)]);
+      const float lo = fp4::e2m1_to_float(byte & fp4::kNibbleMask) * sc;
+      const float hi = 2 * b + 1 < K ? fp4::e2m1_to_float(byte >> fp4::kNibbleBits) * sc : 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r] = fmaf(lo, to_float(xr[r][2 * b]), acc[r]);
+        if (2 * b + 1 < K) acc[r] = fmaf(hi, to_float(xr[r][2 * b + 1]), acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+  }
+}
+
+// Rows [r0, r0 + R) of one expert group (clamped to the last row; extra rows are not stored).
+template <typename XT, bool kVec, int R>
+__device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args& ep, const PlanView& v,
+                                           int64_t first, int64_t rows, int64_t r0, const uint8_t* wrow,
+                                           const uint8_t* srow, int64_t n, float mult) {
+  const int64_t M = a.g.mm.m, K = a.g.mm.k;
+  const XT* xr[R];
+  int64_t out_row[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = r0 + r < rows ? r0 + r : rows - 1;
+    const int64_t pair = v.order[first + i / M];
+    xr[r] = static_cast<const XT*>(a.x) + (int64_t(a.lhs[pair]) * M + i % M) * K;
+    out_row[r] = pair * M + i % M;
+  }
+  float acc[R];
+  row_pass<XT, kVec, R>(wrow, srow, K, a.g.mm.scale_row_bytes, xr, acc);
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r0 + r < rows) {
+        store_from_float(a.out, a.g.mm.out_dtype, out_row[r] * a.g.mm.n + n, finish(ep, acc[r], out_row[r], n, mult));
+      }
+    }
+  }
+}
+
+template <typename XT, bool kVec>
+__global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherArgs a) {
+  const int64_t N = a.g.mm.n;
+  const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs);
+  W4A16Args ep{};  // the epilogue's view: chain, operands, n (finish reads only these)
+  ep.p = a.g.mm;
+  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) ep.operands[i] = a.operands[i];
+  const int32_t na = *v.num_active;
+  for (int64_t slot = blockIdx.y; slot < na; slot += gridDim.y) {
+    const int64_t e = v.active[slot];
+    const int64_t first = v.start[e];
+    const int64_t rows = int64_t(v.start[e + 1] - first) * a.g.mm.m;
+    const uint8_t* wrow = a.w + e * a.g.w_expert_bytes + n * a.g.mm.w_row_bytes;
+    const uint8_t* srow = a.scales + e * a.g.scale_expert_bytes + n * a.g.mm.scale_row_bytes;
+    const float mult = a.g.mm.has_global_scale ? a.multiplier[a.g.multiplier_per_expert ? e : 0] : 1.0f;
+    int64_t r0 = 0;
+    for (; r0 + kRowsPerPass <= rows; r0 += kRowsPerPass) {
+      group_pass<XT, kVec, kRowsPerPass>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
+    }
+    for (; r0 < rows; ++r0) group_pass<XT, kVec, 1>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace mlx_fp4

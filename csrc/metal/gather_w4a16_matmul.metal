@@ -1,0 +1,76 @@
+// The gathered W4A16 matmul on Apple GPUs (mixture-of-experts):
+// out[p] = epilogue(mult[e] * (x[lhs[p]] @ dequant(w[e], scales[e])^T)), e = rhs[p].
+// One threadgroup per (weight-row tile, pair): the dense GEMV's block loop (w4a16_gemv.metal,
+// same decode and reduction order) on the pair's expert and x matrix, one row of x at a time.
+// Out-of-range indices: the pair's outputs are NaN and nothing is read through them.
+// Registers only, no threadgroup memory or barrier. The file must stay ASCII.
+#include "gather_kernel_abi.h"
+#include "w4a16_device.h"
+#include "w4a16_gemv.metal"
+
+template <typename XT, typename OutT>
+[[max_total_threads_per_threadgroup(kMetalGemvThreads)]] [[kernel]] void gather_w4a16_gemv(
+    device const XT* x [[buffer(kMetalBufX)]],
+    device const uchar* w [[buffer(kMetalBufW)]],
+    device const uchar* scales [[buffer(kMetalBufScales)]],
+    device OutT* out [[buffer(kMetalBufOut)]],
+    constant GatherMetalParams& g [[buffer(kMetalBufParams)]],
+    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
+    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
+    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
+    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
+    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
+    device const uint* lhs [[buffer(kMetalGatherBufLhs)]],
+    device const uint* rhs [[buffer(kMetalGatherBufRhs)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint sgid [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  constexpr int R = metal_gemv_rows(1);
+  constant W4A16MetalParams& p = g.mm;
+  const int pair = int(tg.y);
+  const int n0 = (int(tg.x) * kMetalGemvSimdgroups + int(sgid)) * R;
+  if (n0 >= p.n) {
+    return;  // the whole simdgroup leaves; no barrier follows
+  }
+  const uint l = lhs[pair];
+  const uint e = rhs[pair];
+  if (l >= uint(g.x_batches) || e >= uint(g.experts)) {
+    for (int i = int(lane); i < p.m * R; i += kMetalSimdWidth) {
+      const int col = n0 + i % R;
+      if (col < p.n) {
+        out[(long(pair) * p.m + i / R) * p.n + col] = OutT(NAN);
+      }
+    }
+    return;
+  }
+  GemvRows<R> rows;
+  for (int r = 0; r < R; ++r) {
+    const long wrow = min(n0 + r, p.n - 1);  // rows past N clamped: read, never stored
+    rows.w[r] = w + long(e) * g.w_expert_bytes + wrow * p.w_row_bytes;
+    rows.s[r] = scales + long(e) * g.scale_expert_bytes + wrow * p.scale_row_bytes;
+  }
+  device const XT* xm = x + long(l) * p.m * p.k;
+  device const float* mult = gscale + (g.multiplier_per_expert != 0 ? e : 0u);
+  const int full_blocks = p.k / kBlockSize;
+  for (int mi = 0; mi < p.m; ++mi) {
+    GemvAcc<1, R> acc;
+    for (int r = 0; r < R; ++r) {
+      acc.v[0][r] = 0.0f;
+    }
+    if (fc_gemv_aligned) {  // one row of x per pass: always FULL
+      gemv_blocks<XT, 1, R, true, true>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
+    } else {
+      gemv_blocks<XT, 1, R, false, true>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
+    }
+    if (p.k % kBlockSize != 0 && int(lane) == full_blocks % kMetalSimdWidth) {
+      gemv_tail<XT, 1, R>(acc, xm, rows, p, mi, 1, full_blocks);
+    }
+    for (int r = 0; r < R; ++r) {
+      const float v = simd_sum(acc.v[0][r]);
+      if (lane == 0 && n0 + r < p.n) {
+        const int row = pair * p.m + mi;  // the output row: epilogue operands are indexed by it
+        out[long(row) * p.n + n0 + r] = OutT(finish_value(v, row, n0 + r, p, mult, op0, op1, op2, op3));
+      }
+    }
+  }
+}

@@ -1,0 +1,150 @@
+"""The gathered (MoE) Metal kernel in metal_sim: the production host code (gather_dispatch.h, via
+src/gather_plan.cpp) plans each launch, the embedded MSL runs on the CPU with guarded buffers, and
+the output is held to the float64 reference (tests/gather_reference.py) with the one tolerance
+table: unsorted / sorted / repeated experts, lhs indices, M > 1, ragged K, global scales (scalar
+and per expert), the chain, out-of-range indices (NaN rows, no read)."""
+
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import gather_reference as gref
+import simbuild
+from common import TOLERANCES, assert_close, error_bound, rng
+from simcase import BF16, CODES, F16, F32, NP_DTYPE
+from simcheck import require_toolchain
+
+import mlx.core as mx
+
+MX_DTYPE = {F32: mx.float32, F16: mx.float16, BF16: mx.bfloat16}
+PARAMS_SLOT, OUT_SLOT = 4, 3
+BIND_OUTPUT, BIND_PARAMS = -1, -2
+
+
+def _exe(name):
+    cxx = simbuild.compiler()
+    obj = simbuild._object(cxx, simbuild.SIM / "src" / f"{name}.cpp", simbuild.COMMON_FLAGS + [f"-I{simbuild.CSRC}"],
+                           name)
+    exe = obj.with_suffix(".exe")
+    if not exe.exists():
+        simbuild._run([cxx, *simbuild.COMMON_FLAGS, str(obj), "-o", str(exe)])
+    return exe
+
+
+@pytest.fixture(scope="module")
+def gather_sim(embedded_msl):
+    require_toolchain()
+    plan = _exe("gather_plan")
+    lines = subprocess.run([str(plan), "instantiations"], check=True, capture_output=True, text=True).stdout
+    runner = simbuild.build_source_runner("gather", embedded_msl, lines.splitlines(), groups=2)
+    return plan, runner
+
+
+def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=()):
+    """x [B, M, K] numpy (representable in x_dtype), w_bytes uint8 [E, N, row], scales uint8
+    [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 multipliers; epilogue:
+    (name, operand array shaped for [P, M, N] or float, p1). Returns out [P, M, N] float64."""
+    plan, runner = sim
+    d.mkdir(parents=True, exist_ok=True)
+    b, m, k = x.shape
+    e, n, row = w_bytes.shape
+    pairs = len(lhs)
+    files = [d / "x.bin", d / "w.bin", d / "s.bin", d / "lhs.bin", d / "rhs.bin"]
+    np.ascontiguousarray(x.astype(NP_DTYPE[x_dtype])).tofile(files[0])
+    np.ascontiguousarray(w_bytes).tofile(files[1])
+    np.ascontiguousarray(scales).tofile(files[2])
+    np.asarray(lhs, np.uint32).tofile(files[3])
+    np.asarray(rhs, np.uint32).tofile(files[4])
+    spec = [f"pairs {pairs}", f"x_batches {b}", f"experts {e}", f"m {m}", f"n {n}", f"k {k}",
+            f"w_row_bytes {row}", f"scale_row_bytes {scales.shape[2]}", f"x_dtype {x_dtype}",
+            f"out_dtype {out_dtype}", f"has_gs {int(gs is not None)}",
+            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}"]
+    if gs is not None:
+        files.append(d / "gs.bin")
+        np.asarray(gs, np.float32).reshape(-1).tofile(files[-1])
+    nops = 0
+    for name, arg, p1 in epilogue:
+        if isinstance(arg, np.ndarray):
+            kind = 1 if arg.ndim == 1 else 3  # [N] col or the full [P, M, N]
+            dt = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(ml_dtypes.bfloat16): BF16}[arg.dtype]
+            files.append(d / f"op{nops}.bin")
+            np.ascontiguousarray(arg).tofile(files[-1])
+            spec += [f"op {CODES[name]} {nops} 0 0", f"operand {kind} {dt}"]
+            nops += 1
+        else:
+            spec.append(f"op {CODES[name]} -1 {0.0 if arg is None else float(arg)} {p1 or 0.0}")
+    (d / "spec.txt").write_text("\n".join(spec) + "\n")
+    r = subprocess.run([str(plan), "plan", str(d / "spec.txt"), str(d)], check=True, capture_output=True, text=True)
+    launch = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    binding = [int(v) for v in launch["binding"].split()]
+    out_bytes = pairs * m * n * np.dtype(NP_DTYPE[out_dtype]).itemsize
+    ex = [f"kernel {launch['kernel']}", f"grid {launch['grid']} 1", f"threads {launch['threads']} 1 1",
+          "guard end", f"fc 0 bool {launch['aligned']}"]
+    for slot, src in enumerate(binding):
+        if src == BIND_OUTPUT:
+            ex.append(f"output {slot} {out_bytes} {d / 'out.bin'}")
+        elif src == BIND_PARAMS:
+            ex.append(f"buffer {slot} {d / 'params.bin'}")
+        else:
+            ex.append(f"buffer {slot} {files[src]}")
+    (d / "exec.txt").write_text("\n".join(ex) + "\n")
+    r = subprocess.run([str(runner), "exec", str(d / "exec.txt")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"metal_sim runner exited with {r.returncode}:\n{r.stderr}"
+    return np.fromfile(d / "out.bin", NP_DTYPE[out_dtype]).astype(np.float64).reshape(pairs, m, n)
+
+
+def experts(g, e, n, k):
+    from common import rand_weights
+
+    parts = [rand_weights(n, k, g) for _ in range(e)]
+    return np.stack([p[2] for p in parts]), np.stack([np.array(p[1]) for p in parts])
+
+
+CASES = [  # (x dtype, out dtype, E, N, K, M, pairs, sorted, lhs given, global scale)
+    (BF16, BF16, 6, 40, 64, 1, 10, False, False, None),
+    (F16, F32, 4, 33, 17, 1, 7, True, False, "scalar"),
+    (F32, BF16, 5, 24, 96, 3, 6, False, True, "per_expert"),
+    (BF16, F16, 3, 16, 40, 2, 5, True, True, None),
+]
+
+
+@pytest.mark.parametrize("xd,od,e,n,k,m,pairs,sort,with_lhs,gs", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_gather_kernel_matches_reference(gather_sim, tmp_path, xd, od, e, n, k, m, pairs, sort, with_lhs, gs):
+    g = rng("metal-gather", xd, od, e, n, k, m, pairs)
+    w_bytes, scales = experts(g, e, n, k)
+    batches = 4 if with_lhs else pairs
+    x = g.standard_normal((batches, m, k)).astype(np.float32)
+    x = np.array(mx.array(x).astype(MX_DTYPE[xd]).astype(mx.float32))  # representable in xd
+    rhs = g.integers(0, e, size=pairs).astype(np.uint32)
+    if sort:
+        rhs = np.sort(rhs)
+    rhs[:2] = rhs[0]  # a repeated expert
+    lhs = g.integers(0, batches, size=pairs).astype(np.uint32) if with_lhs else np.arange(pairs, dtype=np.uint32)
+    amax = None if gs is None else (np.float32(300.0) if gs == "scalar" else g.uniform(10, 500, e).astype(np.float32))
+    mult = None if amax is None else np.asarray(amax / np.float32(2688.0), np.float32)
+    gate = g.standard_normal((pairs, m, n)).astype(np.float16)
+    bias = g.standard_normal(n).astype(np.float32)
+    chain = [("add", bias, None), ("silu", None, None), ("mul", gate, None), ("clamp", -4.0, 4.0)]
+    out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=xd,
+                     out_dtype=od, gs=mult, epilogue=chain)
+    acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs, rhs,
+                                                 None if amax is None else mx.array(amax))
+    ref_chain = [("add", bias), "silu", ("mul", gate.astype(np.float64)), ("clamp", -4.0, 4.0)]
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(MX_DTYPE[xd], MX_DTYPE[od])], ref_chain, amax)
+    assert_close(out, y, bound, what=f"metal gather case x={xd} out={od}")
+
+
+def test_out_of_range_pairs_are_nan_and_not_read(gather_sim, tmp_path):
+    g = rng("metal-gather-oob")
+    w_bytes, scales = experts(g, 3, 16, 32)
+    x = g.standard_normal((4, 1, 32)).astype(np.float32)
+    lhs = np.array([0, 1, 9, 3], np.uint32)  # pair 2: lhs past x
+    rhs = np.array([2, 7, 0, 1], np.uint32)  # pair 1: rhs past w
+    out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=F32,
+                     out_dtype=F32)
+    assert np.isnan(out[1]).all() and np.isnan(out[2]).all()
+    acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs[[0, 3]], rhs[[0, 3]])
+    y, bound = error_bound(acc, mag, 32, TOLERANCES[(mx.float32, mx.float32)])
+    assert_close(out[[0, 3]], y, bound, what="in-range pairs")
