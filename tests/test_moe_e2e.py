@@ -140,3 +140,12 @@ def test_fused_switch_glu_matches_and_decodes_the_same(device):
     fnn.fuse_switch_glu(model)
     assert isinstance(model.model.layers[1].mlp.switch_mlp, fnn.FP4SwitchGLU)
     same_greedy(greedy(model), greedy(twin), atol=1e-4)
+
+
+def test_quantize_reports_converted_and_left_alone(capsys):
+    model = build("mixtral", seed=8)
+    fnn.quantize(model, class_predicate=lambda p, m: "layers.1" not in p)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == model.fp4_quantize_report
+    assert "converted" in line and "3 SwitchLinear" in line and "left alone" in line
+    assert "model.layers.1.block_sparse_moe.switch_mlp" in line  # a left-alone expert layer by path

@@ -3,6 +3,7 @@ the default predicate and ``global_scales``."""
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Dict, Optional, Union
 
 import mlx.core as mx
@@ -14,7 +15,7 @@ from .layers import FP4Linear, linear_kind, swap_modules, to_fp4_linear
 from .layers.sharded import _FP4Sharded
 from .layers.switch import FP4SwitchLinear, switch_kind, to_fp4_switch_linear
 
-__all__ = ["quantize", "dequantize", "global_scales", "progress_bar"]
+__all__ = ["quantize", "dequantize", "global_scales", "progress_bar", "quantize_report"]
 
 Predicate = Callable[[str, nn.Module], Union[bool, dict]]
 
@@ -77,18 +78,22 @@ def quantize(
     ``True`` or a dict of options (``{"global_scale": True}``; ``group_size``,
     ``bits`` and ``mode`` are accepted when they say 16/4/"nvfp4"). Other modules
     (embeddings, norms) are never touched. ``global_scale=True`` gives every
-    newly quantized layer a per-tensor scale. A tqdm bar counts the layers.
+    newly quantized layer a per-tensor scale. A tqdm bar counts the layers and, with
+    ``progress``, one line says what was converted and which linear / expert layers were left
+    alone (the same text as ``model.fp4_quantize_report``).
 
     Returns ``model``.
     """
     pred = class_predicate or _default_predicate
     leaves = tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
-    todo = []
+    todo, left = [], []
     for path, m in leaves:
-        if linear_kind(m) is None and switch_kind(m) is None:
+        kind = linear_kind(m) or switch_kind(m)
+        if kind is None:
             continue
         sel = pred(path, m)
         if sel is False or sel is None:
+            left.append((path, kind))
             continue
         if sel is True:
             params = {"global_scale": global_scale}
@@ -110,7 +115,32 @@ def quantize(
             converted.append((path, new))
     if converted:
         model.update_modules(tree_unflatten(converted))
+    report = quantize_report([(p, linear_kind(m) or switch_kind(m)) for p, m, _ in todo], left)
+    object.__setattr__(model, "fp4_quantize_report", report)
+    if progress:
+        print(report, file=sys.stderr)
     return model
+
+
+_KIND_NAMES = {"linear": "nn.Linear", "nvfp4": "nvfp4 QuantizedLinear", "fp4": "FP4Linear",
+               "other": "QuantizedLinear (not nvfp4)", "switch": "SwitchLinear",
+               "nvfp4-switch": "nvfp4 QuantizedSwitchLinear", "fp4-switch": "FP4SwitchLinear",
+               "other-switch": "QuantizedSwitchLinear (not nvfp4)"}
+
+
+def quantize_report(done, left, shown: int = 3) -> str:
+    """One line: counts of the converted layer kinds, then the left-alone ones with a few paths."""
+    def counts(items, paths):
+        by = {}
+        for path, kind in items:
+            by.setdefault(_KIND_NAMES.get(kind, kind), []).append(path)
+        parts = []
+        for name, ps in sorted(by.items()):
+            more = f", +{len(ps) - shown} more" if len(ps) > shown else ""
+            parts.append(f"{len(ps)} {name}" + (f" ({', '.join(ps[:shown])}{more})" if paths else ""))
+        return ", ".join(parts) or "nothing"
+
+    return f"[mlx_fp4.nn.quantize] converted {counts(done, False)}; left alone {counts(left, True)}."
 
 
 def dequantize(model: nn.Module, dtype=mx.bfloat16) -> nn.Module:
