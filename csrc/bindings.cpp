@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "gather_ops.h"
 #include "mlx/version.h"
+#include "format_tables.h"
 #include "mlx_fp4.h"
 
 namespace nb = nanobind;
@@ -38,6 +39,13 @@ std::optional<mx::array> parse_global_scale(nb::handle gs, const char* op) {
   }
   mlx_fp4::throw_invalid("[", op, "] global_scale expected None, a float or a float32 scalar array but got ",
                          nb::cast<std::string>(nb::str(gs.type())), ".");
+}
+
+// MLX's (group_size, bits, mode) arguments: checked against the mode, returned as the mode.
+const std::string& checked_mode(const std::string& mode, std::optional<int> group_size, std::optional<int> bits,
+                                const char* op) {
+  mlx_fp4::check_mode_config(mlx_fp4::parse_mode(mode, op), group_size, bits, op);
+  return mode;
 }
 
 float as_float(nb::handle h, const std::string& where) {
@@ -130,32 +138,39 @@ NB_MODULE(_ext, m) {
   m.def(
       "w4a16_matmul",
       [](const mx::array& x, const mx::array& w, const mx::array& scales, nb::handle global_scale,
-         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, mx::StreamOrDevice s) {
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, std::optional<int> group_size,
+         std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
         return mlx_fp4::w4a16_matmul(x, w, scales, parse_global_scale(global_scale, "w4a16_matmul"),
-                                     parse_epilogue(epilogue), out_dtype, s);
+                                     parse_epilogue(epilogue), out_dtype,
+                                     checked_mode(mode, group_size, bits, "w4a16_matmul"), s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
-      "out_dtype"_a = nb::none(), "stream"_a = nb::none(),
+      "out_dtype"_a = nb::none(), "group_size"_a = nb::none(), "bits"_a = nb::none(), "mode"_a = "nvfp4", "stream"_a = nb::none(),
       nb::sig("def w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, "
               "global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, "
-              "out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.Device | None = None) "
-              "-> mlx.core.array"),
+              "out_dtype: mlx.core.Dtype | None = None, "
+              "group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', "
+              "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
       R"(W4A16 matmul: ``epilogue((global_scale / 2688) * (x @ dequantize(w, scales).T))``.
 
 Args:
     x: activations ``[..., K]``, float16, bfloat16 or float32.
     w: packed FP4 E2M1 weights, uint8 ``[N, ceil(K/2)]`` (low nibble = even k) or MLX's
        uint32 ``[N, ceil(K/8)]`` (as returned by ``mx.quantize(..., mode="nvfp4")``).
-    scales: uint8 ``[N, ceil(K/16)]``, E4M3 bits, one per 16 weights along K.
+    scales: uint8 ``[N, ceil(K/16)]``, E4M3 bits, one per 16 weights along K (``mode="nvfp4"``),
+       or ``[N, ceil(K/32)]`` E8M0 bits, one per 32 (``mode="mxfp4"``; 0xFF is NaN).
     global_scale: optional per-tensor scale in MLX's convention (as ``mx.quantize`` /
        ``mx.dequantize`` take it): the fp32 tensor amax, a Python float or a float32 scalar
        array. The weights decode as ``e2m1 * e4m3 * (global_scale / 2688)``; the multiplier
-       is applied once in fp32 to the accumulator.
+       is applied once in fp32 to the accumulator. nvfp4 only.
     epilogue: optional list of ops applied in order in fp32 before the final cast:
        ``("add", t)``, ``("mul", t)``, ``("scale", c)``, ``"relu"``, ``"silu"``, ``"gelu"``,
        ``"gelu_approx"``, ``"sigmoid"``, ``"tanh"``, ``("clamp", lo, hi)``; ``t`` broadcasts to
        the output (``[N]``, ``[..., 1]``, ``[..., N]``) or is a Python float.
     out_dtype: float16, bfloat16 or float32; default ``x.dtype``.
+    group_size, bits: as in ``mx.quantized_matmul``: accepted when they match the mode
+       (16 / 32 and 4), otherwise a ValueError.
+    mode: ``"nvfp4"`` (default) or ``"mxfp4"`` (gpt-oss), as in ``mx.quantized_matmul``.
     stream: stream or device.
 
 Returns:
@@ -165,17 +180,18 @@ Returns:
   m.def(
       "w4a16_matmul_reference_ops",
       [](const mx::array& x, const mx::array& w, const mx::array& scales, nb::handle global_scale,
-         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, mx::StreamOrDevice s) {
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, const std::string& mode,
+         mx::StreamOrDevice s) {
         return mlx_fp4::w4a16_matmul_reference_ops(x, w, scales,
                                                    parse_global_scale(global_scale, "w4a16_matmul_reference_ops"),
-                                                   parse_epilogue(epilogue), out_dtype, s);
+                                                   parse_epilogue(epilogue), out_dtype, mode, s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
-      "out_dtype"_a = nb::none(), "stream"_a = nb::none(),
+      "out_dtype"_a = nb::none(), "mode"_a = "nvfp4", "stream"_a = nb::none(),
       nb::sig("def w4a16_matmul_reference_ops(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, "
               "global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, "
-              "out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.Device | None = None) "
-              "-> mlx.core.array"),
+              "out_dtype: mlx.core.Dtype | None = None, mode: str = 'nvfp4', "
+              "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
       "The same math as w4a16_matmul with plain MLX ops (dequantize, fp32 matmul, epilogue).");
 
   m.def(
@@ -183,18 +199,20 @@ Returns:
       [](const mx::array& x, const mx::array& w, const mx::array& scales, const std::optional<mx::array>& lhs_indices,
          const std::optional<mx::array>& rhs_indices, nb::handle global_scale,
          const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, bool sorted_indices,
-         mx::StreamOrDevice s) {
+         std::optional<int> group_size, std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
         return mlx_fp4::gather_w4a16_matmul(x, w, scales, lhs_indices, rhs_indices,
                                             parse_global_scale(global_scale, "gather_w4a16_matmul"),
-                                            parse_epilogue(epilogue), out_dtype, sorted_indices, s);
+                                            parse_epilogue(epilogue), out_dtype, sorted_indices,
+                                            checked_mode(mode, group_size, bits, "gather_w4a16_matmul"), s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "lhs_indices"_a = nb::none(), "rhs_indices"_a = nb::none(),
       "global_scale"_a = nb::none(), "epilogue"_a = nb::none(), "out_dtype"_a = nb::none(),
-      "sorted_indices"_a = false, "stream"_a = nb::none(),
+      "sorted_indices"_a = false, "group_size"_a = nb::none(), "bits"_a = nb::none(), "mode"_a = "nvfp4", "stream"_a = nb::none(),
       nb::sig("def gather_w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, "
               "lhs_indices: mlx.core.array | None = None, rhs_indices: mlx.core.array | None = None, "
               "global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, "
               "out_dtype: mlx.core.Dtype | None = None, sorted_indices: bool = False, "
+              "group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', "
               "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
       R"(Gathered W4A16 matmul for mixture-of-experts layers, with the semantics of
 ``mx.gather_qmm(x, w, scales, lhs_indices=, rhs_indices=, transpose=True, mode="nvfp4",
@@ -214,6 +232,8 @@ Args:
     epilogue: the chain of ``w4a16_matmul``; operands broadcast to the output.
     out_dtype: float16, bfloat16 or float32; default ``x.dtype``.
     sorted_indices: a hint that ``rhs_indices`` is sorted (as in ``mx.gather_qmm``).
+    group_size, bits, mode: as in ``mx.gather_qmm``: ``mode="mxfp4"`` takes E8M0 scales
+       ``[..., N, ceil(K/32)]`` and no global scale.
     stream: stream or device.
 
 Returns:
@@ -224,32 +244,36 @@ Returns:
       "gather_w4a16_matmul_reference_ops",
       [](const mx::array& x, const mx::array& w, const mx::array& scales, const std::optional<mx::array>& lhs_indices,
          const std::optional<mx::array>& rhs_indices, nb::handle global_scale,
-         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, mx::StreamOrDevice s) {
+         const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, const std::string& mode,
+         mx::StreamOrDevice s) {
         return mlx_fp4::gather_w4a16_matmul_reference_ops(
             x, w, scales, lhs_indices, rhs_indices,
             parse_global_scale(global_scale, "gather_w4a16_matmul_reference_ops"), parse_epilogue(epilogue),
-            out_dtype, s);
+            out_dtype, mode, s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "lhs_indices"_a = nb::none(), "rhs_indices"_a = nb::none(),
       "global_scale"_a = nb::none(), "epilogue"_a = nb::none(), "out_dtype"_a = nb::none(),
-      "stream"_a = nb::none(),
+      "mode"_a = "nvfp4", "stream"_a = nb::none(),
       nb::sig("def gather_w4a16_matmul_reference_ops(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.array, *, "
               "lhs_indices: mlx.core.array | None = None, rhs_indices: mlx.core.array | None = None, "
               "global_scale: float | mlx.core.array | None = None, epilogue: list | None = None, "
-              "out_dtype: mlx.core.Dtype | None = None, stream: mlx.core.Stream | mlx.core.Device | None = None) "
-              "-> mlx.core.array"),
+              "out_dtype: mlx.core.Dtype | None = None, mode: str = 'nvfp4', "
+              "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
       "The same math as gather_w4a16_matmul with plain MLX ops (decode, fp32 gather_mm, epilogue).");
 
   m.def(
       "quantize",
-      [](const mx::array& w, nb::handle global_scale, mx::StreamOrDevice s) {
+      [](const mx::array& w, nb::handle global_scale, std::optional<int> group_size, std::optional<int> bits,
+         const std::string& mode, mx::StreamOrDevice s) {
+        const std::string& m = checked_mode(mode, group_size, bits, "quantize");
         auto out = nb::isinstance<nb::bool_>(global_scale)
-                       ? mlx_fp4::quantize(w, nb::cast<bool>(global_scale), s)
-                       : mlx_fp4::quantize(w, parse_global_scale(global_scale, "quantize"), s);
+                       ? mlx_fp4::quantize(w, nb::cast<bool>(global_scale), m, s)
+                       : mlx_fp4::quantize(w, parse_global_scale(global_scale, "quantize"), m, s);
         return nb::tuple(nb::cast(out));
       },
-      "w"_a, nb::kw_only(), "global_scale"_a = false, "stream"_a = nb::none(),
+      "w"_a, nb::kw_only(), "global_scale"_a = false, "group_size"_a = nb::none(), "bits"_a = nb::none(), "mode"_a = "nvfp4", "stream"_a = nb::none(),
       nb::sig("def quantize(w: mlx.core.array, *, global_scale: bool | float | mlx.core.array | None = False, "
+              "group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', "
               "stream: mlx.core.Stream | mlx.core.Device | None = None) -> tuple"),
       R"(Quantize ``w [N, K]`` to NVFP4.
 
@@ -263,24 +287,32 @@ Returns:
     global_scale=global_scale)``, i.e. block scales relative to ``global_scale / 2688``.
     A given ``global_scale`` (float or float32 scalar array, e.g. the amax of the whole tensor
     ``w`` is a shard of) is used as is and only ``(packed, scales)`` is returned, as from
-    ``mx.quantize(w, mode="nvfp4", global_scale=...)``.)");
+    ``mx.quantize(w, mode="nvfp4", global_scale=...)``.
+
+With ``mode="mxfp4"`` (group_size 32, no global scale): the bytes of ``mx.quantize(w,
+mode="mxfp4")`` (as uint8): E8M0 scales 2^ceil(log2(amax / 6)) (the quotient in ``w``'s dtype),
+values rounded to the nearest E2M1 with ties to the smaller magnitude, never -0.)");
 
   m.def(
       "dequantize",
       [](const mx::array& packed, const mx::array& scales, std::optional<int> k, nb::handle global_scale,
-         mx::Dtype dtype, mx::StreamOrDevice s) {
-        return mlx_fp4::dequantize(packed, scales, k, parse_global_scale(global_scale, "dequantize"), dtype, s);
+         mx::Dtype dtype, std::optional<int> group_size, std::optional<int> bits, const std::string& mode,
+         mx::StreamOrDevice s) {
+        return mlx_fp4::dequantize(packed, scales, k, parse_global_scale(global_scale, "dequantize"), dtype,
+                                   checked_mode(mode, group_size, bits, "dequantize"), s);
       },
       "packed"_a, "scales"_a, nb::kw_only(), "k"_a = nb::none(), "global_scale"_a = nb::none(),
-      "dtype"_a = mx::bfloat16, "stream"_a = nb::none(),
+      "dtype"_a = mx::bfloat16, "group_size"_a = nb::none(), "bits"_a = nb::none(), "mode"_a = "nvfp4", "stream"_a = nb::none(),
       nb::sig("def dequantize(packed: mlx.core.array, scales: mlx.core.array, *, k: int | None = None, "
               "global_scale: float | mlx.core.array | None = None, dtype: mlx.core.Dtype = mlx.core.bfloat16, "
+              "group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', "
               "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
       R"(Decode NVFP4 weights to ``[N, k]`` (``k`` defaults to ``2 * packed bytes per row``).
 
 ``global_scale`` as in ``mx.dequantize``: the tensor amax; the multiplier ``global_scale / 2688``
 is applied in fp32 to the exact ``e2m1 * e4m3`` value before the one cast. Exact in bfloat16,
-float16 and float32 without a global scale. E4M3 codes 0x7F and 0xFF are NaN.)");
+float16 and float32 without a global scale. E4M3 codes 0x7F and 0xFF are NaN. ``mode="mxfp4"``: E8M0
+scales per 32 weights (2^(byte - 127); 0xFF is NaN, where MLX decodes +Inf), no global scale.)");
 
   nb::dict names;
   for (const auto& e : mlx_fp4::epilogue_names()) names[e.name] = e.code;

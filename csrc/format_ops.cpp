@@ -51,18 +51,44 @@ mx::array e4m3_encode(const mx::array& x, mx::StreamOrDevice s) {
   return mx::astype(code, mx::uint8, s);
 }
 
-// E2M1 encode (RNE, saturating at 6) of fp32 values, as a uint32 code per value.
-mx::array e2m1_encode(const mx::array& v, mx::StreamOrDevice s) {
+// E2M1 encode (saturating at 6) of fp32 values, as a uint32 code per value, with the rounding of
+// the mode (fp4::e2m1_edge_tie_rounds_up, fp4::e2m1_keeps_negative_zero).
+mx::array e2m1_encode(const mx::array& v, int mode, mx::StreamOrDevice s) {
   auto a = mx::abs(v, s);
   auto code = mx::zeros(v.shape(), mx::uint32, s);
   for (int i = 0; i < fp4::kE2M1NumEdges; ++i) {
     auto edge = f32(fp4::e2m1_edge(i));
-    auto past = fp4::e2m1_edge_tie_rounds_up(i) ? mx::greater_equal(a, edge, s)
-                                                : mx::greater(a, edge, s);
+    auto past = fp4::e2m1_edge_tie_rounds_up(i, mode) ? mx::greater_equal(a, edge, s)
+                                                      : mx::greater(a, edge, s);
     code = mx::add(code, mx::astype(past, mx::uint32, s), s);
   }
   auto sign = mx::right_shift(mx::view(v, mx::uint32, s), u32(31), s);
+  if (!fp4::e2m1_keeps_negative_zero(mode)) {
+    sign = mx::where(mx::equal(code, u32(0), s), u32(0), sign, s);
+  }
   return mx::bitwise_or(code, mx::left_shift(sign, u32(3), s), s);
+}
+
+// E8M0 exponent of MLX's mxfp4 scale: the smallest e with 2^e >= amax / 6, the quotient rounded to
+// the weights' dtype first (as mx.quantize computes it); a block whose quotient is 0 gets e = 0.
+// Exponents below -127 clamp to -127 (byte 0; mx.quantize wraps them around), non-finite -> NaN.
+mx::array e8m0_encode(const mx::array& amax, mx::StreamOrDevice s) {
+  auto q = mx::divide(amax, mx::array(fp4::kE2M1Max, amax.dtype()), s);
+  auto qf = mx::astype(q, mx::float32, s);
+  auto bits = mx::view(qf, mx::uint32, s);
+  auto mantissa = mx::bitwise_and(bits, u32((1u << kF32MantissaBits) - 1), s);
+  // ceil(log2(q)) for normal q: the exponent, plus one unless q is a power of two.
+  auto e = mx::add(f32_exponent(qf, s), mx::astype(mx::not_equal(mantissa, u32(0), s), mx::int32, s), s);
+  // fp32 subnormals (exponent field 0): 2^-127 covers q <= 2^-127, 2^-126 the rest.
+  const auto min_normal = f32(fp4_math::bits_to_float(1u << kF32MantissaBits));
+  const auto half_min_normal = f32(fp4_math::bits_to_float(fp4::kF32TwoPowMinus127));
+  auto sub = mx::where(mx::greater(qf, half_min_normal, s), mx::array(1 - fp4::kE8M0Bias, mx::int32),
+                       mx::array(-fp4::kE8M0Bias, mx::int32), s);
+  e = mx::where(mx::less(qf, min_normal, s), sub, e, s);
+  e = mx::where(mx::equal(q, mx::array(0.0f, q.dtype()), s), mx::array(0, mx::int32), e, s);
+  auto code = mx::add(e, mx::array(fp4::kE8M0Bias, mx::int32), s);
+  code = mx::where(mx::isfinite(qf, s), code, mx::array(int32_t(fp4::kE8M0NaN), mx::int32), s);
+  return mx::astype(code, mx::uint8, s);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -85,7 +111,8 @@ void check_quantize_input(const mx::array& w_in) {
 
 // Stacked weights [..., N, K] (mixture-of-experts): each matrix quantized on its own, so a
 // global scale is one per matrix (shape w.shape[:-2]), as mlx-lm's per-expert nvfp4 scales.
-static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_global_scale, mx::StreamOrDevice s) {
+static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_global_scale, const std::string& mode,
+                                               mx::StreamOrDevice s) {
   const mx::Shape lead(w.shape().begin(), w.shape().end() - 2);
   const int n = w.shape(-2);
   const int k = w.shape(-1);
@@ -98,14 +125,14 @@ static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_glo
   int matrices = 1;
   for (int d : lead) matrices *= d;
   if (!with_global_scale) {
-    auto out = quantize(mx::reshape(w, {matrices * n, k}, s), false, s);
+    auto out = quantize(mx::reshape(w, {matrices * n, k}, s), false, mode, s);
     for (auto& a : out) a = restack(mx::reshape(a, {matrices, n, a.shape(-1)}, s));
     return out;
   }
   auto flat = mx::reshape(w, {matrices, n, k}, s);
   std::vector<std::vector<mx::array>> parts(3);
   for (int e = 0; e < matrices; ++e) {
-    auto q = quantize(mx::take(flat, e, 0, s), true, s);
+    auto q = quantize(mx::take(flat, e, 0, s), true, mode, s);
     for (int i = 0; i < 3; ++i) parts[i].push_back(q[i]);
   }
   std::vector<mx::array> out;
@@ -113,50 +140,66 @@ static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_glo
   return out;
 }
 
-std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, mx::StreamOrDevice s) {
+std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, const std::string& mode,
+                                mx::StreamOrDevice s) {
+  check_no_global_scale(parse_mode(mode, "quantize"), with_global_scale, "quantize");
   if (w_in.ndim() > 2) {
-    return quantize_stacked(w_in, with_global_scale, s);
+    return quantize_stacked(w_in, with_global_scale, mode, s);
   }
   if (!with_global_scale) {
-    return quantize(w_in, std::optional<mx::array>{}, s);
+    return quantize(w_in, std::optional<mx::array>{}, mode, s);
   }
   check_quantize_input(w_in);
   // MLX's convention: the global scale is the tensor amax (mx.quantize / mx.dequantize).
   auto amax = mx::max(mx::abs(mx::astype(w_in, mx::float32, s), s), s);
-  auto out = quantize(w_in, std::optional<mx::array>{amax}, s);
+  auto out = quantize(w_in, std::optional<mx::array>{amax}, mode, s);
   out.push_back(amax);
   return out;
 }
 
 std::vector<mx::array> quantize(const mx::array& w_in, const std::optional<mx::array>& global_scale,
-                                mx::StreamOrDevice s) {
+                                const std::string& mode_str, mx::StreamOrDevice s) {
+  const int mode = parse_mode(mode_str, "quantize");
+  check_no_global_scale(mode, global_scale.has_value(), "quantize");
   check_quantize_input(w_in);
   const int n = w_in.shape(0);
   const int k = w_in.shape(1);
-  const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k));
-  const int kpad = blocks * fp4::kBlockSize;
-  auto w = mx::astype(w_in, mx::float32, s);
+  const int block = fp4::block_size(mode);
+  const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k, mode));
+  const int kpad = blocks * block;
+  // MXFP4 derives its scales in the weights' dtype, as mx.quantize does (the values below are
+  // exact in fp32 either way); NVFP4 works in fp32.
+  auto w = mode == fp4::kModeMxfp4 ? w_in : mx::astype(w_in, mx::float32, s);
   if (kpad != k) {
-    w = mx::pad(w, {{0, 0}, {0, kpad - k}}, f32(0.0f), "constant", s);
+    w = mx::pad(w, {{0, 0}, {0, kpad - k}}, mx::array(0.0f, w.dtype()), "constant", s);
   }
-  auto wb = mx::reshape(w, {n, blocks, fp4::kBlockSize}, s);
+  auto wb = mx::reshape(w, {n, blocks, block}, s);
   auto amax = mx::max(mx::abs(wb, s), -1, true, s);  // [N, blocks, 1]
 
-  auto target = mx::divide(amax, f32(fp4::kE2M1Max), s);
-  auto gs_safe = f32(1.0f);
-  if (global_scale) {
-    auto gs = global_scale_multiplier(*global_scale, "quantize", s);
-    // A zero (all-zero tensor) or non-finite multiplier would turn every scale into NaN.
-    auto usable = mx::logical_and(mx::greater(gs, f32(0.0f), s), mx::isfinite(gs, s), s);
-    gs_safe = mx::where(usable, gs, f32(1.0f), s);
-    target = mx::divide(target, gs_safe, s);
+  mx::array scale_codes = mx::array(0);
+  mx::array v = mx::array(0.0f);
+  if (mode == fp4::kModeMxfp4) {
+    scale_codes = e8m0_encode(amax, s);
+    // Exact division by the power of two (codes past 0xFE are NaN scales: their values are NaN).
+    auto scale_values = mx::take(e8m0_table(), mx::astype(scale_codes, mx::uint32, s), s);
+    v = mx::divide(mx::astype(wb, mx::float32, s), scale_values, s);
+  } else {
+    auto target = mx::divide(amax, f32(fp4::kE2M1Max), s);
+    auto gs_safe = f32(1.0f);
+    if (global_scale) {
+      auto gs = global_scale_multiplier(*global_scale, "quantize", s);
+      // A zero (all-zero tensor) or non-finite multiplier would turn every scale into NaN.
+      auto usable = mx::logical_and(mx::greater(gs, f32(0.0f), s), mx::isfinite(gs, s), s);
+      gs_safe = mx::where(usable, gs, f32(1.0f), s);
+      target = mx::divide(target, gs_safe, s);
+    }
+    scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
+    auto scale_values = mx::take(e4m3_table(), mx::astype(scale_codes, mx::uint32, s), s);
+    auto denom = mx::multiply(scale_values, gs_safe, s);
+    // An all-zero block has scale 0: its values are 0, not 0/0.
+    v = mx::where(mx::equal(denom, f32(0.0f), s), f32(0.0f), mx::divide(wb, denom, s), s);
   }
-  auto scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
-  auto scale_values = mx::take(e4m3_table(), mx::astype(scale_codes, mx::uint32, s), s);
-  auto denom = mx::multiply(scale_values, gs_safe, s);
-  // An all-zero block has scale 0: its values are 0, not 0/0.
-  auto v = mx::where(mx::equal(denom, f32(0.0f), s), f32(0.0f), mx::divide(wb, denom, s), s);
-  auto codes = mx::reshape(e2m1_encode(v, s), {n, kpad}, s);
+  auto codes = mx::reshape(e2m1_encode(v, mode, s), {n, kpad}, s);
   // Padding columns past K hold code 0 already (w was zero-padded).
   auto pairs = mx::reshape(codes, {n, kpad / 2, 2}, s);
   auto lo = mx::take(pairs, 0, 2, s);
@@ -195,9 +238,10 @@ mx::array global_scale_multiplier(const mx::array& gs, const char* op, mx::Strea
   return mx::divide(global_scale_f32(gs, op, s), f32(fp4::kGlobalScaleDenominator), s);
 }
 
-// fp32 [N, k] weights: e2m1 * e4m3, exact. `packed` is uint8 or uint32; nibble j of an element
-// sits at bits 4j..4j+3 (little-endian order), so both layouts decode without a view node.
-mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, mx::StreamOrDevice s) {
+// fp32 [N, k] weights: e2m1 * scale (E4M3 or E8M0 by mode), exact. `packed` is uint8 or uint32;
+// nibble j of an element sits at bits 4j..4j+3 (little-endian order), so both layouts decode
+// without a view node.
+mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, int mode, mx::StreamOrDevice s) {
   const int n = packed.shape(0);
   const int per_element = static_cast<int>(packed.itemsize()) * fp4::kValuesPerByte;
   const int ncodes = packed.shape(1) * per_element;
@@ -214,8 +258,8 @@ mx::array decode_f32(const mx::array& packed, const mx::array& scales, int k, mx
     codes = mx::take(codes, column, 1, s);
   }
   auto values = mx::take(e2m1_table(), codes, s);
-  auto scale_values = mx::take(e4m3_table(), mx::astype(scales, mx::uint32, s), s);
-  auto block_of_column = mx::floor_divide(column, mx::array(fp4::kBlockSize, mx::int32), s);
+  auto scale_values = mx::take(scale_table(mode), mx::astype(scales, mx::uint32, s), s);
+  auto block_of_column = mx::floor_divide(column, mx::array(fp4::block_size(mode), mx::int32), s);
   return mx::multiply(values, mx::take(scale_values, block_of_column, 1, s), s);
 }
 
@@ -226,6 +270,7 @@ static mx::array dequantize_stacked(
     std::optional<int> k,
     const std::optional<mx::array>& global_scale,
     mx::Dtype dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
   const mx::Shape lead(packed.shape().begin(), packed.shape().end() - 2);
   if (scales.ndim() != packed.ndim() || !std::equal(lead.begin(), lead.end(), scales.shape().begin())) {
@@ -245,7 +290,7 @@ static mx::array dequantize_stacked(
     return mx::reshape(a, shape, s);
   };
   if (!global_scale || global_scale->size() == 1) {
-    return restack(dequantize(flat_p, flat_s, k, global_scale, dtype, s));
+    return restack(dequantize(flat_p, flat_s, k, global_scale, dtype, mode, s));
   }
   if (global_scale->shape() != lead) {
     throw_invalid("[dequantize] global_scale must be a scalar or have shape packed.shape[:-2] = ", shape_str(lead),
@@ -256,7 +301,8 @@ static mx::array dequantize_stacked(
   auto s3 = mx::reshape(scales, {matrices, n, scales.shape(-1)}, s);
   std::vector<mx::array> parts;
   for (int e = 0; e < matrices; ++e) {
-    parts.push_back(dequantize(mx::take(p3, e, 0, s), mx::take(s3, e, 0, s), k, mx::take(gs, e, 0, s), dtype, s));
+    parts.push_back(
+        dequantize(mx::take(p3, e, 0, s), mx::take(s3, e, 0, s), k, mx::take(gs, e, 0, s), dtype, mode, s));
   }
   return restack(mx::reshape(mx::stack(parts, 0, s), {matrices * n, -1}, s));
 }
@@ -267,9 +313,12 @@ mx::array dequantize(
     std::optional<int> k_opt,
     const std::optional<mx::array>& global_scale,
     mx::Dtype dtype,
+    const std::string& mode_str,
     mx::StreamOrDevice s) {
+  const int mode = parse_mode(mode_str, "dequantize");
+  check_no_global_scale(mode, global_scale.has_value(), "dequantize");
   if (packed.ndim() > 2) {
-    return dequantize_stacked(packed, scales, k_opt, global_scale, dtype, s);
+    return dequantize_stacked(packed, scales, k_opt, global_scale, dtype, mode_str, s);
   }
   check_packed(packed, "dequantize", "packed");
   const int n = packed.shape(0);
@@ -282,12 +331,13 @@ mx::array dequantize(
   if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16) {
     throw_invalid("[dequantize] dtype must be float16, bfloat16 or float32 but got ", dtype_str(dtype), ".");
   }
-  const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k));
+  const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k, mode));
   if (scales.dtype() != mx::uint8 || scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != blocks) {
-    throw_invalid("[dequantize] scales must be uint8 of shape (N, ceil(k/16)) = (", n, ", ", blocks,
-                  ") but got ", dtype_str(scales.dtype()), " ", shape_str(scales.shape()), ".");
+    throw_invalid("[dequantize] scales must be uint8 of shape (N, ceil(k/", fp4::block_size(mode), ")) = (", n, ", ",
+                  blocks, ") but got ", dtype_str(scales.dtype()), " ", shape_str(scales.shape()), " (mode '",
+                  mode_name(mode), "').");
   }
-  auto w = decode_f32(packed, scales, k, s);
+  auto w = decode_f32(packed, scales, k, mode, s);
   if (global_scale) {
     w = mx::multiply(w, global_scale_multiplier(*global_scale, "dequantize", s), s);
   }

@@ -10,6 +10,7 @@
 #include "gather_primitive.h"
 #include "mlx/ops.h"
 #include "op_common.h"
+#include "primitives.h"
 
 namespace mlx_fp4 {
 namespace {
@@ -31,7 +32,7 @@ struct Canonical {
   bool sorted_rhs;
 };
 
-void check_weights(const mx::array& x, const mx::array& w, const mx::array& scales) {
+void check_weights(const mx::array& x, const mx::array& w, const mx::array& scales, int mode) {
   const int k = x.shape(-1);
   if (w.ndim() < 2) {
     throw_invalid("[", kOp, "] w must be [..., N, ceil(K/2)] uint8 or [..., N, ceil(K/8)] uint32 (experts first) "
@@ -53,13 +54,14 @@ void check_weights(const mx::array& x, const mx::array& w, const mx::array& scal
     throw_invalid("[", kOp, "] w must be uint8 or uint32 (packed E2M1) but got dtype ", dtype_str(w.dtype()), ".");
   }
   if (scales.dtype() != mx::uint8) {
-    throw_invalid("[", kOp, "] scales must be uint8 (E4M3 bits) but got dtype ", dtype_str(scales.dtype()), ".");
+    throw_invalid("[", kOp, "] scales must be uint8 (", mode == fp4::kModeMxfp4 ? "E8M0" : "E4M3",
+                  " bits) but got dtype ", dtype_str(scales.dtype()), ".");
   }
   mx::Shape expected = w.shape();
-  expected.back() = static_cast<int>(fp4::scale_blocks_for_k(k));
+  expected.back() = static_cast<int>(fp4::scale_blocks_for_k(k, mode));
   if (scales.shape() != expected) {
-    throw_invalid("[", kOp, "] scales must have shape w.shape[:-1] + (ceil(K/16),) = ", shape_str(expected),
-                  " but got ", shape_str(scales.shape()), ".");
+    throw_invalid("[", kOp, "] scales must have shape w.shape[:-1] + (ceil(K/", fp4::block_size(mode), "),) = ",
+                  shape_str(expected), " but got ", shape_str(scales.shape()), " (mode '", mode_name(mode), "').");
   }
 }
 
@@ -139,7 +141,9 @@ Canonical canonicalize(
     const std::optional<mx::array>& global_scale,
     std::optional<mx::Dtype> out_dtype,
     bool sorted_indices,
+    int mode,
     mx::StreamOrDevice s) {
+  check_no_global_scale(mode, global_scale.has_value(), kOp);
   if (!is_supported_float(x_in.dtype())) {
     throw_invalid("[", kOp, "] x must be float16, bfloat16 or float32 but got ", dtype_str(x_in.dtype()), ".");
   }
@@ -153,7 +157,7 @@ Canonical canonicalize(
   if (x.shape(-1) < 1) {
     throw_invalid("[", kOp, "] x must have K >= 1 (its last dimension) but got shape ", shape_str(x_in.shape()), ".");
   }
-  check_weights(x, w, scales);
+  check_weights(x, w, scales, mode);
   const mx::Dtype od = out_dtype.value_or(x.dtype());
   if (!is_supported_float(od)) {
     throw_invalid("[", kOp, "] out_dtype must be float16, bfloat16 or float32 but got ", dtype_str(od), ".");
@@ -173,7 +177,7 @@ Canonical canonicalize(
     auto rhs = mx::broadcast_to(canonical_indices(std::nullopt, "", "", wb, s), both, s);
     std::optional<mx::array> mult;
     if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
-    return {{x, w, scales, lhs, rhs, mult}, od, squeeze_m, false};
+    return {{x, w, scales, lhs, rhs, mult, mode}, od, squeeze_m, false};
   }
   auto lhs = canonical_indices(lhs_indices, "lhs_indices", "x", xb, s);
   auto rhs = canonical_indices(rhs_indices, "rhs_indices", "w", wb, s);
@@ -188,7 +192,7 @@ Canonical canonicalize(
   if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
   // As mx.gather_qmm: the hint holds for rhs only when lhs is the default.
   const bool sorted_rhs = sorted_indices && rhs_indices && !lhs_indices;
-  return {{x, w, scales, mx::broadcast_to(lhs, b, s), mx::broadcast_to(rhs, b, s), mult}, od, false, sorted_rhs};
+  return {{x, w, scales, mx::broadcast_to(lhs, b, s), mx::broadcast_to(rhs, b, s), mult, mode}, od, false, sorted_rhs};
 }
 
 mx::array squeeze_if(const mx::array& y, bool squeeze_m, mx::StreamOrDevice s) {
@@ -225,19 +229,19 @@ mx::array gather_w4a16_node(
       out_shape,
       out_dtype,
       std::make_shared<GatherW4A16Matmul>(stream, out_dtype, in.multiplier.has_value(), sorted_rhs, std::move(ops),
-                                          std::move(kinds)),
+                                          std::move(kinds), in.mode),
       std::move(inputs));
 }
 
 mx::array gather_w4a16_reference_canonical(
     const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, mx::StreamOrDevice s) {
-  const auto& [x, w, scales, lhs, rhs, multiplier] = in;
+  const auto& [x, w, scales, lhs, rhs, multiplier, mode] = in;
   const int k = x.shape(-1);
   const int n = w.shape(-2);
   const int experts = static_cast<int>(product(w.shape().begin(), w.shape().end() - 2));
   // Decode every expert as one [E * N, K] matrix: exact fp32 values.
   auto wf = decode_f32(mx::reshape(w, {experts * n, w.shape(-1)}, s),
-                       mx::reshape(scales, {experts * n, scales.shape(-1)}, s), k, s);
+                       mx::reshape(scales, {experts * n, scales.shape(-1)}, s), k, mode, s);
   wf = mx::reshape(wf, {experts, n, k}, s);
   const int m = x.shape(-2);
   const int x_batches = static_cast<int>(product(x.shape().begin(), x.shape().end() - 2));
@@ -267,8 +271,10 @@ mx::array gather_w4a16_matmul(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     bool sorted_indices,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  const Canonical c = canonicalize(x, w, scales, lhs_indices, rhs_indices, global_scale, out_dtype, sorted_indices, s);
+  const Canonical c = canonicalize(x, w, scales, lhs_indices, rhs_indices, global_scale, out_dtype, sorted_indices,
+                                   parse_mode(mode, kOp), s);
   // Operands of a 1-D x broadcast against the [N] output: give them the M axis the node has.
   std::vector<EpilogueSpec> chain = epilogue;
   if (c.squeeze_m) {
@@ -276,7 +282,8 @@ mx::array gather_w4a16_matmul(
       if (spec.operand && spec.operand->ndim() >= 1) spec.operand = mx::expand_dims(*spec.operand, -2, s);
     }
   }
-  const bool kernel = mx::to_stream(s).device != mx::Device::gpu || gather_gpu_kernel_available();
+  const bool kernel = mx::to_stream(s).device != mx::Device::gpu ||
+                      (gather_gpu_kernel_available() && gpu_kernel_supports_mode(c.in.mode));
   auto y = kernel ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
                   : gather_w4a16_reference_canonical(c.in, chain, c.out_dtype, s);
   return squeeze_if(y, c.squeeze_m, s);
@@ -291,8 +298,10 @@ mx::array gather_w4a16_matmul_reference_ops(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  const Canonical c = canonicalize(x, w, scales, lhs_indices, rhs_indices, global_scale, out_dtype, false, s);
+  const Canonical c =
+      canonicalize(x, w, scales, lhs_indices, rhs_indices, global_scale, out_dtype, false, parse_mode(mode, kOp), s);
   check_epilogue(epilogue, kOp);
   auto y = gather_w4a16_reference_canonical(c.in, epilogue, c.out_dtype, s);
   return squeeze_if(y, c.squeeze_m, s);

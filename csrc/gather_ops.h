@@ -21,6 +21,7 @@ mx::array gather_w4a16_matmul(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     bool sorted_indices,
+    const std::string& mode = "nvfp4",
     mx::StreamOrDevice s = {});
 
 // The same math with MLX ops only (decode, gather_mm in fp32, chain): the oracle for backends.
@@ -33,6 +34,7 @@ mx::array gather_w4a16_matmul_reference_ops(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode = "nvfp4",
     mx::StreamOrDevice s = {});
 
 }  // namespace mlx_fp4

@@ -26,17 +26,20 @@ GatherW4A16Matmul::GatherW4A16Matmul(
     bool has_multiplier,
     bool sorted_rhs,
     std::vector<fp4::EpilogueOp> ops,
-    std::vector<int> operand_kinds)
+    std::vector<int> operand_kinds,
+    int mode)
     : mx::Primitive(stream),
       out_dtype_(out_dtype),
       has_multiplier_(has_multiplier),
       sorted_rhs_(sorted_rhs),
       ops_(std::move(ops)),
-      operand_kinds_(std::move(operand_kinds)) {}
+      operand_kinds_(std::move(operand_kinds)),
+      mode_(mode) {}
 
 bool GatherW4A16Matmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const GatherW4A16Matmul&>(other);
   if (out_dtype_ != o.out_dtype_ || has_multiplier_ != o.has_multiplier_ || sorted_rhs_ != o.sorted_rhs_ ||
+      mode_ != o.mode_ ||
       operand_kinds_ != o.operand_kinds_ || ops_.size() != o.ops_.size()) {
     return false;
   }
@@ -64,6 +67,7 @@ fp4::GatherW4A16Problem GatherW4A16Matmul::problem(const std::vector<mx::array>&
   p.x_dtype = operand_dtype_code(x.dtype());
   p.out_dtype = operand_dtype_code(out.dtype());
   p.has_global_scale = has_multiplier_ ? 1 : 0;
+  p.mode = mode_;
   p.num_ops = static_cast<int>(ops_.size());
   for (size_t i = 0; i < ops_.size(); ++i) p.ops[i] = ops_[i];
   g.pairs = inputs[kGatherLhs].size();
@@ -130,7 +134,7 @@ std::vector<mx::array> GatherW4A16Matmul::vjp(
       if (spec.operand) spec.operand = args[next++];
     }
     const GatherInputs in{args[0], primals[kGatherW], primals[kGatherScales], primals[kGatherLhs],
-                          primals[kGatherRhs], mult};
+                          primals[kGatherRhs], mult, mode_};
     return std::vector<mx::array>{gather_w4a16_reference_canonical(in, sp, out_dtype_, stream())};
   };
   std::vector<mx::array> args;
@@ -190,7 +194,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> GatherW4A16Matmul::vmap(
   }
   std::optional<mx::array> mult;
   if (has_multiplier_) mult = inputs[kGatherFirstOptional];
-  auto out = gather_w4a16_node({x, inputs[kGatherW], inputs[kGatherScales], lhs, rhs, mult}, specs, out_dtype_,
+  auto out = gather_w4a16_node({x, inputs[kGatherW], inputs[kGatherScales], lhs, rhs, mult, mode_}, specs, out_dtype_,
                                false, s);
   return {{out}, {0}};
 }

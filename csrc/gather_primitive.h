@@ -30,7 +30,8 @@ class GatherW4A16Matmul : public mx::Primitive {
       bool has_multiplier,
       bool sorted_rhs,
       std::vector<fp4::EpilogueOp> ops,
-      std::vector<int> operand_kinds);
+      std::vector<int> operand_kinds,
+      int mode = fp4::kModeNvfp4);
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -64,6 +65,7 @@ class GatherW4A16Matmul : public mx::Primitive {
   const bool sorted_rhs_;
   const std::vector<fp4::EpilogueOp> ops_;
   const std::vector<int> operand_kinds_;
+  const int mode_;  // fp4::Mode
 };
 
 // Whether this build's GPU backend has the gathered kernel (defined next to eval_gpu). Without it
@@ -79,6 +81,7 @@ struct GatherInputs {
   mx::array lhs;
   mx::array rhs;
   std::optional<mx::array> multiplier;
+  int mode = fp4::kModeNvfp4;  // fp4::Mode of the scales
 };
 
 // The op on canonical inputs: builds the graph node (operands are canonicalized here).

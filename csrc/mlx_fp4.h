@@ -24,7 +24,8 @@ struct EpilogueSpec {
 //
 // y = epilogue((global_scale / 2688) * (x @ dequantize(w, scales).T)), fp32 accumulation.
 // x [..., K] float16/bfloat16/float32; w uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)];
-// scales uint8 [N, ceil(K/16)] (E4M3 bits); global_scale fp32 scalar; out [..., N].
+// scales uint8 [N, ceil(K/block)] (E4M3 bits per 16 / E8M0 per 32 by mode); global_scale fp32 scalar
+// (nvfp4 only); out [..., N].
 mx::array w4a16_matmul(
     const mx::array& x,
     const mx::array& w,
@@ -32,15 +33,20 @@ mx::array w4a16_matmul(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode = "nvfp4",
     mx::StreamOrDevice s = {});
 
-// Quantize w [N, K] to (packed uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/16)]) and, when
-// with_global_scale, the float32 scalar global_scale = amax(|w|) (MLX's convention).
-std::vector<mx::array> quantize(const mx::array& w, bool with_global_scale, mx::StreamOrDevice s = {});
+// `mode` everywhere: "nvfp4" (E4M3 scales per 16 weights, optional global scale) or "mxfp4" (E8M0
+// scales per 32 weights, no global scale), as in mx.quantize; anything else is a ValueError.
+//
+// Quantize w [N, K] to (packed uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/block)]) and, when
+// with_global_scale (nvfp4 only), the float32 scalar global_scale = amax(|w|) (MLX's convention).
+std::vector<mx::array> quantize(
+    const mx::array& w, bool with_global_scale, const std::string& mode = "nvfp4", mx::StreamOrDevice s = {});
 // The same with a given global_scale (e.g. the amax of a whole tensor of which w is a shard);
 // returns (packed, scales), as mx::quantize does.
 std::vector<mx::array> quantize(const mx::array& w, const std::optional<mx::array>& global_scale,
-                                mx::StreamOrDevice s = {});
+                                const std::string& mode = "nvfp4", mx::StreamOrDevice s = {});
 
 // Decode to [N, k] in `dtype` (exact in bf16/fp16/fp32 without global scale; the global scale
 // is applied in fp32 before the one cast).
@@ -50,6 +56,7 @@ mx::array dequantize(
     std::optional<int> k,
     const std::optional<mx::array>& global_scale,
     mx::Dtype dtype,
+    const std::string& mode = "nvfp4",
     mx::StreamOrDevice s = {});
 
 // The same math as w4a16_matmul written with MLX ops only (dequantize + fp32 matmul + chain).
@@ -61,6 +68,7 @@ mx::array w4a16_matmul_reference_ops(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode = "nvfp4",
     mx::StreamOrDevice s = {});
 
 }  // namespace mlx_fp4

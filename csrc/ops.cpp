@@ -42,6 +42,7 @@ struct Checked {
   mx::Shape out_shape;
   int n;
   int k;
+  int mode;  // fp4::Mode
 };
 
 Checked check(
@@ -50,7 +51,9 @@ Checked check(
     const mx::array& scales,
     const std::optional<mx::array>& global_scale,
     std::optional<mx::Dtype> out_dtype,
+    int mode,
     mx::StreamOrDevice s) {
+  check_no_global_scale(mode, global_scale.has_value(), kOp);
   if (x.ndim() < 1) {
     throw_invalid("[", kOp, "] x must have at least 1 dimension [..., K] but got a scalar.");
   }
@@ -83,13 +86,14 @@ Checked check(
     throw_invalid("[", kOp, "] w must be uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)] but got dtype ",
                   dtype_str(w.dtype()), ".");
   }
-  const int64_t blocks = fp4::scale_blocks_for_k(k);
+  const int64_t blocks = fp4::scale_blocks_for_k(k, mode);
   if (scales.dtype() != mx::uint8) {
-    throw_invalid("[", kOp, "] scales must be uint8 (E4M3 bits) but got dtype ", dtype_str(scales.dtype()), ".");
+    throw_invalid("[", kOp, "] scales must be uint8 (", mode == fp4::kModeMxfp4 ? "E8M0" : "E4M3",
+                  " bits) but got dtype ", dtype_str(scales.dtype()), ".");
   }
   if (scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != blocks) {
-    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/16)) = (", n, ", ", blocks, ") but got ",
-                  shape_str(scales.shape()), ".");
+    throw_invalid("[", kOp, "] scales must have shape (N, ceil(K/", fp4::block_size(mode), ")) = (", n, ", ", blocks,
+                  ") but got ", shape_str(scales.shape()), " (mode '", mode_name(mode), "').");
   }
   mx::Dtype od = out_dtype.value_or(x.dtype());
   if (!is_supported_float(od)) {
@@ -102,7 +106,7 @@ Checked check(
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
   // Kernels read either layout as bytes; no view node, so shapeless compile keeps working.
-  return Checked{x, w, scales, gs, od, out_shape, n, k};
+  return Checked{x, w, scales, gs, od, out_shape, n, k, mode};
 }
 
 // A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
@@ -234,8 +238,9 @@ Prepared prepare(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    int mode,
     mx::StreamOrDevice s) {
-  Prepared p{check(x, w, scales, global_scale, out_dtype, s), {}};
+  Prepared p{check(x, w, scales, global_scale, out_dtype, mode, s), {}};
   check_epilogue(epilogue, kOp);
   for (size_t i = 0; i < epilogue.size(); ++i) {
     if (epilogue[i].operand) {
@@ -261,8 +266,7 @@ constexpr int kAppleSiliconMinGen = 13;  // M1 = applegpu_g13: Apple7 (simdgroup
 constexpr int kNaxMinGen = 17;           // MLX's is_nax_available(): generation >= 17
 constexpr int kRouteMinM = 9;            // our vector path ends at M = 8
 constexpr int kNaxKAlign = 64;           // MLX's qmm_nax condition
-constexpr int kMlxGroupSize = 16;        // nvfp4 in MLX's quantized_matmul
-constexpr int kMlxBits = 4;
+constexpr int kMlxBits = 4;              // MLX's quantized_matmul: group size = the mode's block
 
 // Generation of the Apple GPU from MLX's device_info ("applegpu_g17s" -> 17); 0 if unknown.
 int apple_gpu_generation(std::string* arch_out) {
@@ -288,9 +292,9 @@ MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
     return MetalRoute::kCpu;
   }
   if (mode == "mlx") {
-    if (c.k % kMlxGroupSize != 0) {
-      throw_invalid("[", kOp, "] MLX_FP4_METAL_ROUTE=mlx needs K % 16 == 0 (MLX's nvfp4 layout) but got K = ",
-                    c.k, ".");
+    if (c.k % fp4::block_size(c.mode) != 0) {
+      throw_invalid("[", kOp, "] MLX_FP4_METAL_ROUTE=mlx needs K % ", fp4::block_size(c.mode), " == 0 (MLX's ",
+                    mode_name(c.mode), " layout) but got K = ", c.k, ".");
     }
     return MetalRoute::kMlx;
   }
@@ -317,7 +321,8 @@ mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epi
   // MLX's layout: uint32 words [N, K / 8] (a uint8 [N, K / 2] weight is the same bytes).
   mx::array w32 = c.w_bytes.dtype() == mx::uint32
       ? c.w_bytes : mx::view(mx::contiguous(c.w_bytes, false, s), mx::uint32, s);
-  auto y = mx::quantized_matmul(c.x, w32, c.scales, std::nullopt, true, kMlxGroupSize, kMlxBits, "nvfp4", s);
+  auto y = mx::quantized_matmul(c.x, w32, c.scales, std::nullopt, true, fp4::block_size(c.mode), kMlxBits,
+                                mode_name(c.mode), s);
   y = mx::astype(y, mx::float32, s);
   if (c.gs) {
     y = mx::multiply(y, *c.gs, s);
@@ -328,7 +333,7 @@ mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epi
   return mx::astype(y, c.out_dtype, s);
 }
 
-// One W4A16Matmul node over the checked, canonical inputs.
+// One W4A16Matmul node over the checked, canonical inputs (the mode is part of its state).
 mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
   const Checked& c = p.c;
   std::vector<mx::array> inputs = {
@@ -352,13 +357,13 @@ mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilog
       c.out_shape,
       c.out_dtype,
       std::make_shared<W4A16Matmul>(mx::to_stream(s), c.out_dtype, c.gs.has_value(), std::move(ops),
-                                    std::move(kinds)),
+                                    std::move(kinds), c.mode),
       std::move(inputs));
 }
 
 // The same math in MLX ops: exact fp32 decode, fp32 matmul, multiplier, chain, one cast.
 mx::array reference_graph(const Checked& c, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
-  auto wf = decode_f32(c.w_bytes, c.scales, c.k, s);  // [N, K] fp32, exact
+  auto wf = decode_f32(c.w_bytes, c.scales, c.k, c.mode, s);  // [N, K] fp32, exact
   auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
   if (c.gs) {
     y = mx::multiply(y, *c.gs, s);
@@ -384,8 +389,9 @@ mx::array w4a16_matmul_with_multiplier(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     bool reference_ops,
+    const std::string& mode,
     mx::StreamOrDevice s) {
-  const Prepared p = prepare(x, w, scales, multiplier, epilogue, out_dtype, s);
+  const Prepared p = prepare(x, w, scales, multiplier, epilogue, out_dtype, parse_mode(mode, kOp), s);
   if (reference_ops) {
     return reference_graph(p.c, epilogue, s);
   }
@@ -397,6 +403,9 @@ mx::array w4a16_matmul_with_multiplier(
     case MetalRoute::kOurs:
       break;
   }
+  if (mx::to_stream(s).device == mx::Device::gpu && !gpu_kernel_supports_mode(p.c.mode)) {
+    return reference_graph(p.c, epilogue, s);
+  }
   return matmul_node(p, epilogue, s);
 }
 
@@ -407,9 +416,10 @@ mx::array w4a16_matmul(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
   return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
-                                      /*reference_ops=*/false, s);
+                                      /*reference_ops=*/false, mode, s);
 }
 
 mx::array w4a16_matmul_reference_ops(
@@ -419,9 +429,10 @@ mx::array w4a16_matmul_reference_ops(
     const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
+    const std::string& mode,
     mx::StreamOrDevice s) {
   return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
-                                      /*reference_ops=*/true, s);
+                                      /*reference_ops=*/true, mode, s);
 }
 
 }  // namespace mlx_fp4

@@ -15,6 +15,7 @@ mx::array w4a16_matmul_with_multiplier(
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     bool reference_ops,
+    const std::string& mode = "nvfp4",
     mx::StreamOrDevice s = {});
 
 }  // namespace mlx_fp4

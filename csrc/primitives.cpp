@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "errors.h"
+#include "format_tables.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 #include "ops_internal.h"
@@ -24,16 +25,18 @@ W4A16Matmul::W4A16Matmul(
     mx::Dtype out_dtype,
     bool has_global_scale,
     std::vector<fp4::EpilogueOp> ops,
-    std::vector<int> operand_kinds)
+    std::vector<int> operand_kinds,
+    int mode)
     : mx::Primitive(stream),
       out_dtype_(out_dtype),
       has_global_scale_(has_global_scale),
       ops_(std::move(ops)),
-      operand_kinds_(std::move(operand_kinds)) {}
+      operand_kinds_(std::move(operand_kinds)),
+      mode_(mode) {}
 
 bool W4A16Matmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const W4A16Matmul&>(other);
-  if (out_dtype_ != o.out_dtype_ || has_global_scale_ != o.has_global_scale_ ||
+  if (out_dtype_ != o.out_dtype_ || has_global_scale_ != o.has_global_scale_ || mode_ != o.mode_ ||
       operand_kinds_ != o.operand_kinds_ || ops_.size() != o.ops_.size()) {
     return false;
   }
@@ -63,6 +66,7 @@ fp4::W4A16Problem W4A16Matmul::problem(const std::vector<mx::array>& inputs, con
   p.x_dtype = operand_dtype_code(x.dtype());
   p.out_dtype = operand_dtype_code(out.dtype());
   p.has_global_scale = has_global_scale_ ? 1 : 0;
+  p.mode = mode_;
   p.num_ops = static_cast<int>(ops_.size());
   for (size_t i = 0; i < ops_.size(); ++i) {
     p.ops[i] = ops_[i];
@@ -136,6 +140,7 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> as_function
   auto scales = primals[kInputScales];
   auto out_dtype = p.out_dtype();
   auto stream = p.stream();
+  const std::string mode = mode_name(p.mode());
   return [=](const std::vector<mx::array>& args) {
     auto sp = specs;
     int next = 1;
@@ -145,7 +150,7 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> as_function
       }
     }
     return std::vector<mx::array>{
-        w4a16_matmul_with_multiplier(args[0], w, scales, gs, sp, out_dtype, /*reference_ops=*/true, stream)};
+        w4a16_matmul_with_multiplier(args[0], w, scales, gs, sp, out_dtype, /*reference_ops=*/true, mode, stream)};
   };
 }
 
@@ -234,7 +239,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> W4A16Matmul::vmap(
     gs = inputs[kInputFirstOptional];
   }
   auto out = w4a16_matmul_with_multiplier(x, inputs[kInputW], inputs[kInputScales], gs, specs, out_dtype_,
-                                          /*reference_ops=*/false, s);
+                                          /*reference_ops=*/false, mode_name(mode_), s);
   return {{out}, {0}};
 }
 

@@ -20,7 +20,8 @@ class W4A16Matmul : public mx::Primitive {
       mx::Dtype out_dtype,
       bool has_global_scale,
       std::vector<fp4::EpilogueOp> ops,
-      std::vector<int> operand_kinds);
+      std::vector<int> operand_kinds,
+      int mode = fp4::kModeNvfp4);
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -48,6 +49,7 @@ class W4A16Matmul : public mx::Primitive {
   bool has_global_scale() const { return has_global_scale_; }
   const std::vector<fp4::EpilogueOp>& ops() const { return ops_; }
   const std::vector<int>& operand_kinds() const { return operand_kinds_; }
+  int mode() const { return mode_; }
   int operand_input_index(int operand) const {
     return kInputFirstOptional + (has_global_scale_ ? 1 : 0) + operand;
   }
@@ -60,7 +62,12 @@ class W4A16Matmul : public mx::Primitive {
   const bool has_global_scale_;
   const std::vector<fp4::EpilogueOp> ops_;
   const std::vector<int> operand_kinds_;
+  const int mode_;  // fp4::Mode
 };
+
+// Whether this build's GPU backend has W4A16 kernels for an fp4::Mode (defined next to eval_gpu).
+// Without them the op runs its MLX-ops form on GPU streams.
+bool gpu_kernel_supports_mode(int mode);
 
 // Maps an MLX dtype to the fp4::OperandDtype code kernels understand (throws otherwise).
 int operand_dtype_code(mx::Dtype dtype);

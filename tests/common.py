@@ -111,7 +111,7 @@ def assert_close(actual, expected, bound, what=""):
         )
 
 
-def check_matmul(out, x, w, scales, *, k=None, global_scale=None, epilogue=None, out_dtype=None):
+def check_matmul(out, x, w, scales, *, k=None, global_scale=None, epilogue=None, out_dtype=None, mode="nvfp4"):
     """Compare one w4a16_matmul output with the float64 reference within the table.
     ``global_scale`` as the op takes it (MLX's convention, the amax)."""
     x_dtype = x.dtype
@@ -119,7 +119,7 @@ def check_matmul(out, x, w, scales, *, k=None, global_scale=None, epilogue=None,
     out_dtype = out_dtype or x_dtype
     assert out.dtype == out_dtype, f"out dtype {out.dtype} != {out_dtype}"
     k = x.shape[-1] if k is None else k
-    _, acc, mag = ref.w4a16_matmul_with_magnitude(x, w, scales, k, global_scale)
+    _, acc, mag = ref.w4a16_matmul_with_magnitude(x, w, scales, k, global_scale, mode=mode)
     y, bound = error_bound(acc, mag, k, TOLERANCES[(x_dtype, out_dtype)], epilogue, global_scale)
     assert_close(out, y, bound, what=f"w4a16_matmul x={x_dtype} out={out_dtype}")
 
@@ -143,13 +143,16 @@ def rand_x(shape, dtype, gen, scale=1.0):
 # Scale bytes used by default: E4M3 normals from 2^-4 to 2^2 (all 8 mantissas), so that outputs
 # have moderate magnitudes. Format tests cover all 256 codes separately.
 DEFAULT_SCALE_CODES = np.arange(0x18, 0x48, dtype=np.uint8)
+# MXFP4 (E8M0) scale bytes used by default: 2^-4 .. 2^3.
+DEFAULT_E8M0_CODES = np.arange(123, 131, dtype=np.uint8)
 
 
-def rand_weights(n, k, gen, layout="uint8", garbage_padding=False, scale_codes=None):
+def rand_weights(n, k, gen, layout="uint8", garbage_padding=False, scale_codes=None, mode="nvfp4"):
     """Random packed weights over all 16 E2M1 codes and random finite scale bytes.
 
-    Returns (w as mx uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)], scales mx uint8 [N, ceil(K/16)],
-    packed uint8 numpy [N, ...] as passed). Padding nibbles beyond K are 0 unless garbage_padding.
+    Returns (w as mx uint8 [N, ceil(K/2)] or uint32 [N, ceil(K/8)], scales mx uint8 [N, ceil(K/16)]
+    (mode="mxfp4": E8M0 [N, ceil(K/32)]), packed uint8 numpy [N, ...] as passed). Padding nibbles
+    beyond K are 0 unless garbage_padding.
     """
     codes = gen.integers(0, 16, size=(n, k), dtype=np.uint8)
     if layout == "uint32":
@@ -161,8 +164,9 @@ def rand_weights(n, k, gen, layout="uint8", garbage_padding=False, scale_codes=N
         full[:] = gen.integers(1, 16, size=full.shape, dtype=np.uint8)
     full[:, :k] = codes
     packed = ref.pack_nibbles(full)
-    sc = DEFAULT_SCALE_CODES if scale_codes is None else scale_codes
-    scales = gen.choice(sc, size=(n, -(-k // ref.BLOCK))).astype(np.uint8)
+    block, default_codes = (ref.MX_BLOCK, DEFAULT_E8M0_CODES) if mode == "mxfp4" else (ref.BLOCK, DEFAULT_SCALE_CODES)
+    sc = default_codes if scale_codes is None else scale_codes
+    scales = gen.choice(sc, size=(n, -(-k // block))).astype(np.uint8)
     if layout == "uint32":
         w = mx.array(ref.bytes_to_uint32(packed))
     else:

@@ -20,14 +20,14 @@ def stacked_bytes(w):
     return b.reshape(e, a.shape[-2], b.shape[-1])
 
 
-def gather_matmul_with_magnitude(x, w, scales, lhs=None, rhs=None, global_scale=None):
+def gather_matmul_with_magnitude(x, w, scales, lhs=None, rhs=None, global_scale=None, mode="nvfp4"):
     """(acc, mag): float64 [B..., M, N] accumulators after the multiplier and |gs| sum|x w|."""
     xf = ref.to_numpy(x)
     k = xf.shape[-1]
     wb = stacked_bytes(w)
     s = np.ascontiguousarray(ref.to_numpy(scales)).astype(np.uint8)
     s = s.reshape(-1, s.shape[-2], s.shape[-1])
-    experts = [ref.decode_weights(wb[e], s[e], k) for e in range(wb.shape[0])]
+    experts = [ref.decode_weights(wb[e], s[e], k, mode=mode) for e in range(wb.shape[0])]
     xb = xf.shape[:-2]
     wlead = ref.to_numpy(w).shape[:-2]
     x_flat = xf.reshape(-1, xf.shape[-2], k)

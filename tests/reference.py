@@ -15,12 +15,14 @@ import ml_dtypes
 import numpy as np
 
 BLOCK = 16
+MX_BLOCK = 32  # MXFP4 (OCP MX, gpt-oss): one E8M0 scale per 32 weights, no global scale
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 GLOBAL_SCALE_DENOMINATOR = E2M1_MAX * E4M3_MAX  # 2688
 
 _F4 = ml_dtypes.float4_e2m1fn
 _F8 = ml_dtypes.float8_e4m3fn
+_E8M0 = ml_dtypes.float8_e8m0fnu
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,13 +109,24 @@ def multiplier(global_scale):
     return np.float32(g / np.float32(E2M1_MAX * E4M3_MAX))
 
 
-def decode_weights(packed, scales, k, global_scale=None):
-    """Dequantized weights [N, k] in float64: e2m1 * e4m3 (* global_scale, a multiplier)."""
+def decode_e8m0(codes):
+    """E8M0 bytes -> float64 through ml_dtypes.float8_e8m0fnu (2^(code - 127); 0xFF is NaN)."""
+    c = np.asarray(codes).astype(np.uint8)
+    return c.view(_E8M0).astype(np.float64)
+
+
+# mode -> (block size, scale decode), as mx.quantize's modes.
+MODES = {"nvfp4": (BLOCK, decode_e4m3), "mxfp4": (MX_BLOCK, decode_e8m0)}
+
+
+def decode_weights(packed, scales, k, global_scale=None, mode="nvfp4"):
+    """Dequantized weights [N, k] in float64: e2m1 * scale (* global_scale, a multiplier)."""
+    block, decode_scale = MODES[mode]
     codes = unpack_nibbles(packed)[:, :k]
     s = to_numpy(scales).astype(np.uint8)
-    blocks = -(-k // BLOCK)
+    blocks = -(-k // block)
     assert s.shape[1] >= blocks, (s.shape, k)
-    s_full = np.repeat(decode_e4m3(s[:, :blocks]), BLOCK, axis=1)[:, :k]
+    s_full = np.repeat(decode_scale(s[:, :blocks]), block, axis=1)[:, :k]
     with np.errstate(invalid="ignore"):
         w = decode_e2m1(codes) * s_full
         if global_scale is not None:
@@ -219,16 +232,16 @@ def apply_epilogue(acc, epilogue, err=None, unit=2.0**-24):
 # W4A16 matmul
 
 
-def w4a16_matmul(x, packed, scales, k=None, global_scale=None, epilogue=None):
+def w4a16_matmul(x, packed, scales, k=None, global_scale=None, epilogue=None, mode="nvfp4"):
     """float64 epilogue(global_scale * (x @ W.T)); x [..., K]; returns [..., N]."""
-    return w4a16_matmul_with_magnitude(x, packed, scales, k, global_scale, epilogue)[0]
+    return w4a16_matmul_with_magnitude(x, packed, scales, k, global_scale, epilogue, mode)[0]
 
 
-def w4a16_matmul_with_magnitude(x, packed, scales, k=None, global_scale=None, epilogue=None):
+def w4a16_matmul_with_magnitude(x, packed, scales, k=None, global_scale=None, epilogue=None, mode="nvfp4"):
     """Like w4a16_matmul, and also mag = |gs| * sum_k |x_k w_k| (the scale of rounding errors)."""
     xf = to_numpy(x)
     k = xf.shape[-1] if k is None else k
-    w = decode_weights(packed, scales, k)
+    w = decode_weights(packed, scales, k, mode=mode)
     with np.errstate(invalid="ignore", over="ignore"):
         acc = xf @ w.T
         mag = np.abs(xf) @ np.abs(w).T
@@ -256,6 +269,15 @@ def e2m1_round(v):
     return v.astype(_F4).view(np.uint8) & 0x0F
 
 
+def _blocks(w, block):
+    """w [N, K] zero-padded to whole blocks, as [N, blocks, block]."""
+    n, k = w.shape
+    blocks = -(-k // block)
+    pad = blocks * block - k
+    wp = np.concatenate([w, np.zeros((n, pad))], axis=1) if pad else w
+    return wp.reshape(n, blocks, block)
+
+
 def quantize(w, global_scale=None):
     """Reference NVFP4 quantizer of w [N, K] (values given exactly, e.g. fp32).
 
@@ -266,10 +288,8 @@ def quantize(w, global_scale=None):
     """
     w = to_numpy(w)
     n, k = w.shape
-    blocks = -(-k // BLOCK)
-    pad = blocks * BLOCK - k
-    wp = np.concatenate([w, np.zeros((n, pad))], axis=1) if pad else w
-    wb = wp.reshape(n, blocks, BLOCK)
+    wb = _blocks(w, BLOCK)
+    blocks = wb.shape[1]
     if global_scale is not None:
         wb = wb / float(global_scale)
     amax = np.max(np.abs(wb), axis=-1)
@@ -280,6 +300,33 @@ def quantize(w, global_scale=None):
     codes = e2m1_round(q).reshape(n, blocks * BLOCK)[:, :k]
     codes = np.where(np.broadcast_to(s > 0, wb.shape).reshape(n, -1)[:, :k], codes, 0)
     return pack_nibbles(codes), s_bytes.astype(np.uint8)
+
+
+def quantize_mxfp4(w, dtype):
+    """Reference of mx.quantize(w, mode="mxfp4") (MLX 0.32.4) for w [N, K] given exactly.
+
+    Per block of 32: q = amax / 6 rounded to the weights' dtype (`dtype`: "float32", "float16"
+    or "bfloat16"; MLX divides in that dtype); scale 2^e with e the smallest integer such that
+    2^e >= q (e = 0 when q == 0; clamped at -127); values w / 2^e to the nearest E2M1 magnitude,
+    ties to the smaller one (MLX takes the first minimum of |v - table|), sign kept unless the
+    magnitude is 0. Returns (packed uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/32)]).
+    """
+    w = to_numpy(w)
+    n, k = w.shape
+    wb = _blocks(w, MX_BLOCK)
+    amax = np.max(np.abs(wb), axis=-1)
+    if dtype == "float16":
+        q = (amax.astype(np.float16) / np.float16(E2M1_MAX)).astype(np.float64)
+    else:
+        q32 = amax.astype(np.float32) / np.float32(E2M1_MAX)
+        q = (q32.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else q32).astype(np.float64)
+    mant, ex = np.frexp(q)  # q = mant * 2^ex, mant in [0.5, 1)
+    e = np.where(mant == 0.5, ex - 1, ex)
+    e = np.where(q == 0, 0, np.maximum(e, -127))
+    v = wb / np.exp2(e)[..., None]
+    idx = np.argmin(np.abs(np.abs(v)[..., None] - E2M1_GRID), axis=-1)  # first minimum on ties
+    codes = np.where((v < 0) & (idx > 0), idx | 0x8, idx).astype(np.uint8).reshape(n, -1)[:, :k]
+    return pack_nibbles(codes), (e + 127).astype(np.uint8)
 
 
 E2M1_GRID = decode_e2m1(np.arange(8))  # 0, .5, 1, 1.5, 2, 3, 4, 6

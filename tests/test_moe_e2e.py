@@ -142,10 +142,11 @@ def test_fused_switch_glu_matches_and_decodes_the_same(device):
     same_greedy(greedy(model), greedy(twin), atol=1e-4)
 
 
-def test_quantize_reports_converted_and_left_alone(capsys):
+def test_quantize_summary_names_the_expert_layers():
     model = build("mixtral", seed=8)
-    fnn.quantize(model, class_predicate=lambda p, m: "layers.1" not in p)
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line == model.fp4_quantize_report
-    assert "converted" in line and "3 SwitchLinear" in line and "left alone" in line
-    assert "model.layers.1.block_sparse_moe.switch_mlp" in line  # a left-alone expert layer by path
+    summary = fnn.quantize(model, class_predicate=lambda p, m: "layers.1" not in p, progress=False)
+    switch = "model.layers.{}.block_sparse_moe.switch_mlp.{}"
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        assert summary.converted[switch.format(0, proj)].startswith("quantized")
+        assert switch.format(0, proj) in summary.errors
+        assert summary.skipped[switch.format(1, proj)] == "class_predicate returned False"

@@ -5,6 +5,7 @@ Outputs are checked against the float64 reference (tests/reference.py) within th
 tolerance table (tests/common.py)."""
 
 import math
+import warnings
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -169,9 +170,9 @@ class _Net(nn.Module):
 def test_quantize_model_default():
     net = _Net()
     b_weight = net.b.weight
-    out = fnn.quantize(net, progress=False)
-    assert out is net
-    assert isinstance(net.a, FP4Linear) and net.a.global_scale is None
+    summary = fnn.quantize(net, progress=False)
+    assert summary.model is net
+    assert isinstance(net.a, FP4Linear)
     assert isinstance(net.b, FP4Linear) and net.b.weight is b_weight  # no byte copy
     assert type(net.c) is nn.QuantizedLinear  # affine left alone
     assert type(net.odd) is nn.Linear
@@ -179,32 +180,57 @@ def test_quantize_model_default():
     assert all(isinstance(b.layers[0], FP4Linear) for b in net.blocks)
     x = common.rand_x((2, 32), mx.bfloat16, common.rng("qm"))
     _check_layer(net.a, x)
+    # the summary says what happened and why
+    assert set(summary.converted) == {"a", "b", "blocks.0.layers.0", "blocks.1.layers.0"}
+    assert summary.converted["b"].startswith("wrapped")
+    assert "K=24" in summary.skipped["odd"] and "affine" in summary.skipped["c"]
+    assert "Embedding" in summary.skipped["embed"]
+    assert set(summary.errors) == {"a", "blocks.0.layers.0", "blocks.1.layers.0"}
+    assert all(0 < e < 0.2 for e in summary.errors.values())
+    assert "bits per weight" in str(summary) and 4.5 < summary.bits_per_weight < 32
 
 
-def test_quantize_model_predicate_and_global_scale():
-    net = _Net()
-    seen = []
+def test_quantize_has_mlx_nn_quantize_signature():
+    for args, kw in [((16, 4), {}), ((), dict(group_size=16, bits=4, mode="nvfp4")), ((None, None), {})]:
+        net = _Net()
+        fnn.quantize(net, *args, progress=False, **kw)
+        assert isinstance(net.a, FP4Linear)
+    for args, kw, match in [
+        ((32,), {}, "group_size expected 16"),
+        ((16, 8), {}, "bits expected 4"),
+        ((), dict(mode="mxfp4"), "mode expected 'nvfp4'"),
+        ((), dict(mode="affine"), "mode expected 'nvfp4'"),
+        ((), dict(quantize_input=True), "weight-only"),
+        ((), dict(global_scale="yes"), "global_scale expected True, False or 'auto'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fnn.quantize(_Net(), *args, progress=False, **kw)
 
-    def pred(path, m):
-        seen.append(path)
-        if path == "a":
-            return {"global_scale": True}
-        return path.startswith("blocks")
 
-    fnn.quantize(net, class_predicate=pred)
-    assert set(seen) == {"a", "b", "c", "odd", "blocks.0.layers.0", "blocks.1.layers.0"}
-    assert isinstance(net.a, FP4Linear) and net.a.global_scale is not None
-    assert type(net.b) is nn.QuantizedLinear
-    assert net.blocks[0].layers[0].global_scale is None
-    with pytest.raises(ValueError, match="multiple of 16"):
-        fnn.quantize(_Net(), class_predicate=lambda p, m: p == "odd", progress=False)
-    with pytest.raises(ValueError, match="affine"):
-        fnn.quantize(_Net(), class_predicate=lambda p, m: p == "c", progress=False)
-    with pytest.raises(ValueError, match="mode"):
-        fnn.quantize(_Net(), class_predicate=lambda p, m: {"mode": "mxfp4"}, progress=False)
-    net = _Net()
-    fnn.quantize(net, global_scale=True, progress=False)
-    assert net.a.global_scale is not None and net.blocks[1].layers[0].global_scale is not None
+def _small_net(sigma, outlier=None):
+    net = nn.Sequential(nn.Linear(64, 48, bias=False))
+    w = common.rng("small", sigma).standard_normal((48, 64)).astype(np.float32) * sigma
+    if outlier is not None:
+        w[0, 0] = outlier
+    net.layers[0].weight = mx.array(w)
+    return net
+
+
+def test_underflow_warns_and_auto_picks_the_lower_error():
+    with pytest.warns(UserWarning, match="zero E4M3 block scales"):
+        plain = fnn.quantize(_small_net(2e-4), global_scale=False, progress=False)
+    assert plain.underflow["layers.0"] > 0.9 and plain.errors["layers.0"] > 0.9  # all zeros
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        auto = fnn.quantize(_small_net(2e-4), progress=False)  # default "auto"
+    assert auto.converted["layers.0"] == "quantized + global scale"
+    assert auto.errors["layers.0"] < 0.15 and not auto.underflow
+    # weights of magnitude ~0.2: both errors agree within 1%, so no global scale is kept
+    # (the layer stays loadable by stock mlx-lm)
+    with_gs = fnn.quantize(_small_net(0.2), global_scale=True, progress=False)
+    auto = fnn.quantize(_small_net(0.2), progress=False)
+    assert auto.converted["layers.0"] == "quantized"
+    assert auto.errors["layers.0"] < with_gs.errors["layers.0"] * 1.01
 
 
 def test_dequantize_model_applies_global_scale():

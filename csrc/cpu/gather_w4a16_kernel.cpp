@@ -159,6 +159,7 @@ void run_gemv_groups(const fp4::GatherW4A16Problem& g, const GatherBuffers& b, c
     a.n0 = (task % tiles) * kGemvTaskRows;
     a.n1 = std::min(n, a.n0 + kGemvTaskRows);
     a.ldy = n;
+    a.mode = g.mm.mode;
     const int group_rows = static_cast<int>(grp.count * m);
     for (int r0 = 0; r0 < group_rows; r0 += kGemvPassRows) {
       a.rows = std::min(kGemvPassRows, group_rows - r0);

@@ -24,6 +24,7 @@ struct GemvArgs {
   int64_t n0, n1;
   float* y;                // [rows][ldy]
   int64_t ldy;
+  int mode;                // fp4::Mode of the scales
 };
 
 // GEMM panel decode: dst[i][kk] (row stride kGemmDepth) = scaled weight of row n0 + i at the
@@ -39,6 +40,7 @@ struct DecodeArgs {
   int64_t k0;  // a multiple of the chunk
   int kc;      // a multiple of the chunk, <= kGemmDepth
   float* dst;
+  int mode;    // fp4::Mode of the scales
 };
 
 struct HotLoops {

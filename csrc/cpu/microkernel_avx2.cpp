@@ -15,7 +15,8 @@
 namespace mlx_fp4::cpu::avx2 {
 typedef float vf __attribute__((vector_size(32), aligned(4)));
 inline vf splat(float s) { return (vf)_mm256_set1_ps(s); }
-// 8 packed bytes (16 values, one scale block) -> lo = even k, hi = odd k, scaled.
+// 8 packed bytes (16 values, inside one scale block in every mode) -> lo = even k, hi = odd k, scaled.
+template <int Mode>
 __attribute__((always_inline)) inline void decode_chunk(const uint8_t* b, const uint8_t* s, const float* stab, vf& lo, vf& hi) {
   const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
   // Entry m of the table is pre-xored with m << 28: the code shifted to bits 28..31 (magnitude

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../shared/fp4_format.h"
+
 #define MK_NS avx512
 #define MK_VEC_BYTES 64
 #define MK_MICRO_ROWS 14
@@ -24,13 +26,15 @@
 namespace mlx_fp4::cpu::avx512 {
 typedef float vf __attribute__((vector_size(64), aligned(4)));
 inline vf splat(float s) { return (vf)_mm512_set1_ps(s); }
-// 16 packed bytes (32 values, two scale blocks) -> lo = even k, hi = odd k, scaled.
+// 16 packed bytes (32 values: two NVFP4 scale blocks, one MXFP4 block) -> lo = even k, hi = odd k, scaled.
+template <int Mode>
 __attribute__((always_inline)) inline void decode_chunk(const uint8_t* b, const uint8_t* s, const float* stab, vf& lo, vf& hi) {
   const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                     -2.0f, -3.0f, -4.0f, -6.0f);
   const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-  // Lanes 0..7 hold bytes 0..7 (scale block 0), lanes 8..15 bytes 8..15 (block 1).
-  const __m512 sc = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(stab[s[0]]), _mm512_set1_ps(stab[s[1]]));
+  // Lanes 0..7 hold bytes 0..7 (scale block 0), lanes 8..15 bytes 8..15 (NVFP4: block 1).
+  constexpr int kSecond = fp4::block_size(Mode) == fp4::kNvfp4BlockSize ? 1 : 0;
+  const __m512 sc = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(stab[s[0]]), _mm512_set1_ps(stab[s[kSecond]]));
   const __m512 l = _mm512_permutexvar_ps(d, lut);  // low 4 bits index
   const __m512 h = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
   lo = (vf)_mm512_mul_ps(l, sc);

@@ -4,6 +4,7 @@
 #define MK_VEC_BYTES 16
 #define MK_MICRO_ROWS 6
 #define MK_NAME "generic-128"
+#define MK_GEMV_LINE_UNROLL 2
 #include "microkernel.inc"
 
 namespace mlx_fp4::cpu {

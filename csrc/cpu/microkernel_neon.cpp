@@ -15,6 +15,7 @@
 #define MK_VEC_BYTES 16
 #define MK_MICRO_ROWS 8
 #define MK_NAME "neon"
+#define MK_GEMV_LINE_UNROLL 2
 #define MK_CUSTOM_DECODE
 #define MK_CUSTOM_MICRO
 // 32 vector registers: the GEMV may keep 16 accumulators live.
@@ -27,7 +28,8 @@ typedef float vf __attribute__((vector_size(16), aligned(4)));
 alignas(16) constexpr uint8_t kE2M1Fp16High[16] = {0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46,
                                                    0x80, 0xB8, 0xBC, 0xBE, 0xC0, 0xC2, 0xC4, 0xC6};
 
-// 4 packed bytes (8 values, half a scale block) -> lo = even k, hi = odd k, scaled.
+// 4 packed bytes (8 values, inside one scale block in every mode) -> lo = even k, hi = odd k, scaled.
+template <int Mode>
 __attribute__((always_inline)) inline void decode_chunk(const uint8_t* b, const uint8_t* s, const float* stab, vf& lo, vf& hi) {
   uint32_t word;
   std::memcpy(&word, b, sizeof(word));  // exactly the chunk's 4 bytes (no read past a row)
@@ -48,20 +50,26 @@ namespace mlx_fp4::cpu::neon {
 
 // c[i][j] += sum_k w[i][k] * x[k][j]: per row, one load of w[i][k..k+3] feeds 4 * NV lane FMAs.
 // The k order per output is the generic micro kernel's (same bits). kc is a multiple of 4.
-template <int NV>
+template <int NV, int MR>
 void micro_lanes(int kc, const float* w, const float* x, float* c, int64_t ldc) {
-  constexpr int MR = NV == 2 ? kMR2 : kMR1;
+  // Fully unrolled, so that the accumulators live in registers (MR * NV <= 16 of the 32).
   float32x4_t acc[MR][NV];
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) acc[i][v] = vld1q_f32(c + i * ldc + v * kVec);
   }
   for (int k = 0; k < kc; k += 4) {
     float32x4_t xv[4][NV];
+#pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) {
+#pragma GCC unroll 2
       for (int v = 0; v < NV; ++v) xv[u][v] = vld1q_f32(x + (k + u) * (NV * kVec) + v * kVec);
     }
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const float32x4_t wv = vld1q_f32(w + i * kGemmDepth + k);
+#pragma GCC unroll 2
       for (int v = 0; v < NV; ++v) {
         acc[i][v] = vfmaq_laneq_f32(acc[i][v], xv[0][v], wv, 0);
         acc[i][v] = vfmaq_laneq_f32(acc[i][v], xv[1][v], wv, 1);
@@ -70,14 +78,22 @@ void micro_lanes(int kc, const float* w, const float* x, float* c, int64_t ldc) 
       }
     }
   }
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) vst1q_f32(c + i * ldc + v * kVec, acc[i][v]);
   }
 }
 static_assert(kGemmDepth % 4 == 0 && kChunkValues % 4 == 0, "micro_lanes steps k by 4");
 
-void micro2(int kc, const float* w, const float* x, float* c, int64_t ldc) { micro_lanes<2>(kc, w, x, c, ldc); }
-void micro1(int kc, const float* w, const float* x, float* c, int64_t ldc) { micro_lanes<1>(kc, w, x, c, ldc); }
+void micro2(int kc, const float* w, const float* x, float* c, int64_t ldc) { micro_lanes<2, kMR2>(kc, w, x, c, ldc); }
+// The 1-vector tile as two halves of kMR2 rows: 16 accumulators plus 16 early weight loads
+// spilled (GCC 12); two passes over the L1-resident x panel cost less.
+void micro1(int kc, const float* w, const float* x, float* c, int64_t ldc) {
+  static_assert(kMR1 == 2 * kMR2, "micro1 runs as two kMR2-row halves");
+  micro_lanes<1, kMR2>(kc, w, x, c, ldc);
+  micro_lanes<1, kMR2>(kc, w + kMR2 * kGemmDepth, x, c + kMR2 * ldc, ldc);
+}
 
 }  // namespace mlx_fp4::cpu::neon
 

@@ -157,6 +157,7 @@ void run_gemv(const fp4::W4A16Problem& p, const Buffers& b) {
     a.n0 = task * kGemvTaskRows;
     a.n1 = std::min(p.n, a.n0 + kGemvTaskRows);
     a.ldy = p.n;
+    a.mode = p.mode;
     // Passes of at most kGemvPassRows activation rows: more live rows would leave fewer weight
     // rows per pass in registers. The task's weight rows stay in L2 between passes.
     for (int r0 = 0; r0 < rows; r0 += kGemvPassRows) {
@@ -228,6 +229,7 @@ void run_gemm(const fp4::W4A16Problem& p, const Buffers& b) {
         d.k0 = k0;
         d.kc = kc;
         d.dst = panel.data();
+        d.mode = p.mode;
         h.decode_panel(d);
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t rcount = std::min<int64_t>(xw, mrows - g * xw);

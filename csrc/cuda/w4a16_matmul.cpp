@@ -19,6 +19,10 @@
 #include "w4a16_kernels.h"
 
 namespace mlx_fp4 {
+
+// The kernels of this backend read NVFP4 scales only so far; MXFP4 runs the MLX-ops form.
+bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+
 namespace {
 
 namespace cu = mx::cu;

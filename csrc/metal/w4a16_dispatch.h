@@ -4,7 +4,9 @@
 // library names, and the MSL lines that instantiate a kernel at JIT time.
 // The dispatch table is documented in docs/metal.md; keep the two in step.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -29,6 +31,7 @@ struct MetalConfig {
   int bk = 0;                 // GEMM strip depth (0 for GEMV)
   bool stage_scales = false;  // GEMM: stage each strip's scales in threadgroup memory
   int mt = 0;                 // GEMV: rows of x per threadgroup (0: chosen from M)
+  int split = 0;              // GEMM split-K partitions: 0 = chosen from the grid, 1 = none
 };
 
 // A boolean [[function_constant(index)]] the pipeline is specialized on.
@@ -51,6 +54,7 @@ struct MetalAddresses {
 // parameter block (set_bytes).
 FP4_CONST int kMetalBindOutput = -1;
 FP4_CONST int kMetalBindParams = -2;
+FP4_CONST int kMetalBindPartials = -3;  // split-K: the fp32 partials (a temporary)
 
 struct MetalLaunch {
   MetalConfig config;
@@ -62,6 +66,12 @@ struct MetalLaunch {
   MetalBoolConstant constants[kMetalMaxConstants];
   uint32_t grid = 0;          // threadgroups (1-D grid)
   uint32_t threads = 0;       // threads per threadgroup
+  // Split-K: a second dispatch, w4a16_splitk_reduce (in the same library), over the partials.
+  bool split = false;
+  uint64_t partial_bytes = 0;
+  std::string reduce_kernel_name;
+  uint32_t reduce_grid = 0;
+  uint32_t reduce_threads = 0;
   W4A16MetalParams params{};
   int binding[kMetalNumBuffers] = {};
 };
@@ -139,18 +149,27 @@ inline bool metal_parse_override(const char* text, MetalConfig* out) {
     *out = {MetalKernel::kGemv, 0, 0, false, 0};
     return true;
   }
+  // A GEMM name may end in "k<N>": N split-K partitions (1: none; default: chosen).
+  const size_t kpos = s.rfind('k');
+  const bool has_split = s.rfind("gemm", 0) == 0 && kpos != std::string::npos && kpos > 4 &&
+      kpos + 1 < s.size() && s.find_first_not_of("0123456789", kpos + 1) == std::string::npos;
+  const std::string base = has_split ? s.substr(0, kpos) : s;
   for (const MetalConfig& c : metal_all_configs()) {
     std::string name = c.kernel == MetalKernel::kGemv
         ? "gemv" + std::to_string(c.mt)
         : "gemm" + std::to_string(c.bm) + (c.stage_scales ? "s" : "");
-    if (name == s) {
+    if (name == base) {
       *out = c;
+      if (has_split) {
+        out->split = std::max(1, std::atoi(s.c_str() + kpos + 1));
+      }
       return true;
     }
   }
   throw std::invalid_argument(
       "[w4a16_matmul] MLX_FP4_METAL_KERNEL must be one of gemv, gemv1, gemv2, gemv4, gemv8, "
-      "gemv16, gemm64, gemm64s, gemm128, gemm128s but got '" + s + "'.");
+      "gemv16, gemm64, gemm64s, gemm128, gemm128s (a GEMM optionally with k<N>: N split-K "
+      "partitions) but got '" + s + "'.");
 }
 
 inline std::string metal_kernel_name(const MetalConfig& c, int x_dtype, int out_dtype) {
@@ -163,6 +182,27 @@ inline std::string metal_kernel_name(const MetalConfig& c, int x_dtype, int out_
   }
   name += std::string("_x") + metal_dtype_tag(x_dtype) + "_o" + metal_dtype_tag(out_dtype);
   return name;
+}
+
+inline std::string metal_reduce_kernel_name(int out_dtype) {
+  return std::string("mlx_fp4_w4a16_splitk_reduce_o") + metal_dtype_tag(out_dtype);
+}
+
+// The instantiation of the split-K reduction for one output dtype.
+inline std::string metal_reduce_instantiation(int out_dtype) {
+  const std::string fn = std::string("w4a16_splitk_reduce<") + metal_type_name(out_dtype) + ">";
+  return "template [[host_name(\"" + metal_reduce_kernel_name(out_dtype) +
+      "\")]] [[kernel]] decltype(" + fn + ") " + fn + ";\n";
+}
+
+// Split-K partitions for a GEMM grid of `tiles` threadgroups over `strips` strips of K, M rows.
+inline int metal_choose_split(int64_t tiles, int strips, int64_t m) {
+  int split = 1;
+  while (split < kMetalSplitKMax && 2 * split * tiles <= kMetalSplitKTargetThreadgroups &&
+         strips / (2 * split) >= kMetalSplitKMinStrips && 2 * split * m <= kMetalSplitKMaxRows) {
+    split *= 2;
+  }
+  return split;
 }
 
 // The explicit instantiation of one kernel, in the form MLX's own JIT kernels use.
@@ -234,6 +274,7 @@ inline MetalLaunch metal_plan(
   if (p.w_row_bytes % 8 == 0 && addr.w % 8 == 0) flags |= kMetalFlagWVec8;
   if (p.n % 2 == 0 && addr.out % uint64_t(2 * os) == 0) flags |= kMetalFlagOutVec2;
   q.flags = flags;
+  q.split_k = 1;
   q.num_ops = p.num_ops;
   for (int i = 0; i < kMaxEpilogueOperands; ++i) {
     q.operand_kind[i] = i < p.num_operands ? p.operand_kind[i] : kOperandScalar;
@@ -250,6 +291,13 @@ inline MetalLaunch metal_plan(
     const int word = c.bk / kBlockSize;  // scale bytes per row and strip
     if (p.scale_row_bytes % word == 0 && addr.scales % uint64_t(word) == 0) {
       q.flags |= kMetalFlagScaleWord;
+    }
+    // The same bits as function constants: the pipeline is specialized on them.
+    const int fc_bits[] = {kMetalFlagXVec2, kMetalFlagWVec8, kMetalFlagScaleWord, kMetalFlagOutVec2};
+    const int fc_index[] = {kMetalFcGemmXVec2, kMetalFcGemmWVec8, kMetalFcGemmScaleWord,
+                            kMetalFcGemmOutVec2};
+    for (int i = 0; i < 4; ++i) {
+      l.constants[l.num_constants++] = {fc_index[i], (q.flags & fc_bits[i]) != 0};
     }
   }
 
@@ -280,6 +328,24 @@ inline MetalLaunch metal_plan(
     }
     l.grid = uint32_t(1) << (q.log2_grid_m + q.log2_grid_n);
     l.threads = uint32_t(metal_gemm_threads(c.bm));
+    // Split-K: ceil(strips / split) strips per partition, the partitions that remain non-empty.
+    const int strips = int((p.k + c.bk - 1) / c.bk);
+    int split = c.split > 0 ? c.split
+                            : metal_choose_split(int64_t(q.tiles_m) * q.tiles_n, strips, p.m);
+    split = std::min(split, strips);
+    if (split > 1) {
+      q.split_strips = (strips + split - 1) / split;
+      q.split_k = (strips + q.split_strips - 1) / q.split_strips;
+      if (uint64_t(l.grid) * uint64_t(q.split_k) > uint64_t(0x7fffffff)) {
+        throw std::runtime_error("[w4a16_matmul] Metal backend: split-K grid too large.");
+      }
+      l.grid *= uint32_t(q.split_k);
+      l.split = true;
+      l.partial_bytes = uint64_t(q.split_k) * uint64_t(p.m) * uint64_t(p.n) * sizeof(float);
+      l.reduce_threads = uint32_t(kMetalReduceThreads);
+      l.reduce_grid = uint32_t((uint64_t(p.m) * uint64_t(p.n) + kMetalReduceThreads - 1) /
+                               kMetalReduceThreads);
+    }
   }
   // Metal counts grid sizes in threads with 32-bit values.
   if (uint64_t(l.grid) * l.threads > uint64_t(0xffffffffu)) {
@@ -297,6 +363,9 @@ inline MetalLaunch metal_plan(
   l.binding[kMetalBufScales] = kMetalInputScales;
   l.binding[kMetalBufOut] = kMetalBindOutput;
   l.binding[kMetalBufParams] = kMetalBindParams;
+  if (l.split) {
+    l.binding[kMetalBufPartials] = kMetalBindPartials;
+  }
   const int first_operand = kMetalInputFirstOptional + (p.has_global_scale ? 1 : 0);
   if (p.has_global_scale) {
     l.binding[kMetalBufGlobalScale] = kMetalInputFirstOptional;
@@ -313,6 +382,11 @@ inline MetalLaunch metal_plan(
         (l.constants[i].value ? "t" : "f");
   }
   l.instantiation = metal_instantiation(c, p.x_dtype, p.out_dtype);
+  if (c.kernel == MetalKernel::kGemm) {
+    // the reduction lives in every GEMM library, so that a split launch finds it there
+    l.instantiation += metal_reduce_instantiation(p.out_dtype);
+    l.reduce_kernel_name = metal_reduce_kernel_name(p.out_dtype);
+  }
   return l;
 }
 

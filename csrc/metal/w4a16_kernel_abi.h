@@ -21,7 +21,8 @@ enum MetalBuffer : int {
   kMetalBufOperand1 = 7,
   kMetalBufOperand2 = 8,
   kMetalBufOperand3 = 9,
-  kMetalNumBuffers = 10,
+  kMetalBufPartials = 10,  // split-K: fp32 partial sums [split_k][M][N]
+  kMetalNumBuffers = 11,
 };
 
 // W4A16MetalParams::flags. The vector-load flags are set by the host only when every such
@@ -39,8 +40,13 @@ enum MetalFlag : int {
 // get_kernel with a function-constant list), so the kernels' alignment choices are resolved at
 // pipeline creation, not branched on in the inner loops.
 enum MetalFunctionConstant : int {
-  // GEMV: weight rows are 8-byte words and x rows 16-byte aligned (aligned loads).
+  // GEMV: weight rows are 8-byte words and x rows 4-element vectors (aligned loads).
   kMetalFcGemvAligned = 0,
+  // GEMM: the kMetalFlagXVec2, kMetalFlagWVec8, kMetalFlagScaleWord, kMetalFlagOutVec2 bits.
+  kMetalFcGemmXVec2 = 1,
+  kMetalFcGemmWVec8 = 2,
+  kMetalFcGemmScaleWord = 3,
+  kMetalFcGemmOutVec2 = 4,
 };
 
 struct W4A16MetalParams {
@@ -55,6 +61,8 @@ struct W4A16MetalParams {
   int log2_grid_n;      // Morton grid: 2^log2_grid_n >= tiles_n
   int flags;            // MetalFlag bits
   int num_ops;          // epilogue ops used
+  int split_strips;     // split-K (GEMM): strips of BK columns per K partition; 0 = no split
+  int split_k;          // split-K: number of K partitions (1 = no split)
   int reserved;
   int operand_kind[kMaxEpilogueOperands];   // OperandKind per operand
   int operand_dtype[kMaxEpilogueOperands];  // OperandDtype per operand

@@ -14,6 +14,10 @@
 
 namespace mlx_fp4 {
 
+// The kernels of this backend read NVFP4 scales only so far; MXFP4 runs the MLX-ops form.
+bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+
+
 static_assert(fp4::kMetalInputX == kInputX && fp4::kMetalInputW == kInputW &&
                   fp4::kMetalInputScales == kInputScales &&
                   fp4::kMetalInputFirstOptional == kInputFirstOptional,
@@ -64,18 +68,43 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   }
 
   auto& enc = mx::metal::get_command_encoder(s);
-  enc.set_compute_pipeline_state(kernel);
-  for (int slot = 0; slot < fp4::kMetalNumBuffers; ++slot) {
-    const int b = launch.binding[slot];
-    if (b == fp4::kMetalBindOutput) {
-      enc.set_output_array(out, slot);
-    } else if (b == fp4::kMetalBindParams) {
-      enc.set_bytes(launch.params, slot);
-    } else {
-      enc.set_input_array(inputs[b], slot);
-    }
+  // Split-K: fp32 partials in a temporary that MLX frees after the command buffer.
+  mx::array partials = out;
+  if (launch.split) {
+    partials = mx::array({static_cast<int>(launch.partial_bytes / sizeof(float))}, mx::float32,
+                         nullptr, {});
+    partials.set_data(mx::allocator::malloc(partials.nbytes()));
+    enc.add_temporary(partials);
   }
+  // The GEMM writes the partials, the reduction reads them (MLX orders the two dispatches).
+  auto bind_all = [&](bool partials_written) {
+    for (int slot = 0; slot < fp4::kMetalNumBuffers; ++slot) {
+      const int b = launch.binding[slot];
+      if (b == fp4::kMetalBindOutput) {
+        enc.set_output_array(out, slot);
+      } else if (b == fp4::kMetalBindParams) {
+        enc.set_bytes(launch.params, slot);
+      } else if (b == fp4::kMetalBindPartials) {
+        if (partials_written) {
+          enc.set_output_array(partials, slot);
+        } else {
+          enc.set_input_array(partials, slot);
+        }
+      } else {
+        enc.set_input_array(inputs[b], slot);
+      }
+    }
+  };
+  enc.set_compute_pipeline_state(kernel);
+  bind_all(true);
   enc.dispatch_threadgroups(MTL::Size(launch.grid, 1, 1), MTL::Size(launch.threads, 1, 1));
+  if (launch.split) {
+    auto* reduce = d.get_kernel(launch.reduce_kernel_name, lib);
+    enc.set_compute_pipeline_state(reduce);
+    bind_all(false);
+    enc.dispatch_threadgroups(MTL::Size(launch.reduce_grid, 1, 1),
+                              MTL::Size(launch.reduce_threads, 1, 1));
+  }
 }
 
 }  // namespace mlx_fp4

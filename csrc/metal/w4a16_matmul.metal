@@ -16,6 +16,13 @@ using namespace fp4;
 // ---------------------------------------------------------------------------------------------
 // Fused GEMM
 
+// Alignment, resolved when the pipeline is created (the host sets them from the same conditions
+// as the kMetalFlag* bits): no alignment branch survives in the inner loops.
+constant bool fc_gemm_x_vec2 [[function_constant(kMetalFcGemmXVec2)]];
+constant bool fc_gemm_w_vec8 [[function_constant(kMetalFcGemmWVec8)]];
+constant bool fc_gemm_scale_word [[function_constant(kMetalFcGemmScaleWord)]];
+constant bool fc_gemm_out_vec2 [[function_constant(kMetalFcGemmOutVec2)]];
+
 // Row offsets (in elements of x) of the 4 fragment rows one lane reads. Rows past M are clamped
 // to M - 1: they are read (in bounds) but their results are never stored.
 struct ARows {
@@ -156,7 +163,7 @@ struct ScaleWord<4> {
 // (the seed's measured M5 layout). Tiles crossing N, the K tail and unaligned scale rows use the
 // per-thread loads.
 template <typename XT, typename OutT, int BM, int BK, bool STAGE>
-[[kernel]] void w4a16_gemm(
+[[max_total_threads_per_threadgroup(kMetalGemmMaxThreads)]] [[kernel]] void w4a16_gemm(
     device const XT* x [[buffer(kMetalBufX)]],
     device const uchar* w [[buffer(kMetalBufW)]],
     device const uchar* scales [[buffer(kMetalBufScales)]],
@@ -167,6 +174,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     device const uchar* op1 [[buffer(kMetalBufOperand1)]],
     device const uchar* op2 [[buffer(kMetalBufOperand2)]],
     device const uchar* op3 [[buffer(kMetalBufOperand3)]],
+    device float* partials [[buffer(kMetalBufPartials)]],
     uint tg_index [[threadgroup_position_in_grid]],
     uint tid [[thread_index_in_threadgroup]],
     uint sgid [[simdgroup_index_in_threadgroup]],
@@ -183,7 +191,11 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
   threadgroup half4 bs4[kNumBuf * kMetalBN * kLd / 4];
   threadgroup half ss[STAGE ? kMetalBN * kBlocks : 1];
 
-  const MortonTile tile = morton_decode(tg_index, p.log2_grid_m, p.log2_grid_n);
+  // Split-K: the high bits of the index pick the K partition, the low ones the Morton tile.
+  const uint log2_tiles = uint(p.log2_grid_m + p.log2_grid_n);
+  const int part = int(tg_index >> log2_tiles);
+  const MortonTile tile =
+      morton_decode(tg_index & ((1u << log2_tiles) - 1u), p.log2_grid_m, p.log2_grid_n);
   if (int(tile.m) >= p.tiles_m || int(tile.n) >= p.tiles_n) {
     return;  // the whole threadgroup leaves, before any barrier
   }
@@ -207,18 +219,21 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   }
 
-  const bool x_vec = (p.flags & kMetalFlagXVec2) != 0;
+  const bool x_vec = fc_gemm_x_vec2;
   // Unchecked decode needs the whole 64-row tile inside N and aligned 8-byte weight words.
-  const bool w_fast = (n0 + kMetalBN <= p.n) && (p.flags & kMetalFlagWVec8) != 0;
+  const bool w_fast = (n0 + kMetalBN <= p.n) && fc_gemm_w_vec8;
   const int full_strips = p.k / BK;
   const int num_strips = (p.k + BK - 1) / BK;
+  // This threadgroup's strips [s_begin, s_end): all of K, or one split-K partition.
+  const int s_begin = p.split_strips > 0 ? part * p.split_strips : 0;
+  const int s_end = p.split_strips > 0 ? min(num_strips, s_begin + p.split_strips) : num_strips;
   const int dn = int(tid) / kTpr;    // decoded row within the tile
   const int dblk = int(tid) % kTpr;  // decoded block within the strip
 
   if (STAGE) {
     using ScaleWordT = typename ScaleWord<kBlocks>::type;
-    const bool s_word = (p.flags & kMetalFlagScaleWord) != 0;
-    for (int s = 0; s < num_strips; ++s) {
+    const bool s_word = fc_gemm_scale_word;
+    for (int s = s_begin; s < s_end; ++s) {
       const int k0 = s * BK;
       const int kb = k0 + dblk * kMetalDecodeCols;
       threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
@@ -248,21 +263,21 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     // Prologue: strip 0 into buffer 0. Then each step decodes strip s + 1 into the other buffer
     // while the simdgroups multiply strip s; one barrier separates the steps.
     {
-      const int kb = dblk * kMetalDecodeCols;
+      const int kb = s_begin * BK + dblk * kMetalDecodeCols;
       threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
       const half sc = load_scale(scales, p, n0 + dn, kb);
-      if (w_fast && 0 < full_strips) {
+      if (w_fast && s_begin < full_strips) {
         decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
       } else {
         decode_block16<true>(dst, w, p, n0 + dn, kb, sc);
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (int s = 0; s < num_strips; ++s) {
-      if (s + 1 < num_strips) {
+    for (int s = s_begin; s < s_end; ++s) {
+      if (s + 1 < s_end) {
         const int kb = (s + 1) * BK + dblk * kMetalDecodeCols;
         threadgroup half* dst =
-            bs + ((s + 1) % 2) * kMetalBN * kLd + dn * kLd + dblk * kMetalDecodeCols;
+            bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd + dn * kLd + dblk * kMetalDecodeCols;
         const half sc = load_scale(scales, p, n0 + dn, kb);
         if (w_fast && s + 1 < full_strips) {
           decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
@@ -270,7 +285,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
           decode_block16<true>(dst, w, p, n0 + dn, kb, sc);
         }
       }
-      threadgroup const half* src = bs + (s % 2) * kMetalBN * kLd;
+      threadgroup const half* src = bs + ((s - s_begin) % 2) * kMetalBN * kLd;
       if (s < full_strips) {
         mma_strip<XT, BK, false>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);
       } else {
@@ -281,7 +296,7 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
   }
 
   // Epilogue: lane holds (row fm, cols fn and fn + 1) of each 8 x 8 fragment.
-  const bool out_vec = (p.flags & kMetalFlagOutVec2) != 0;
+  const bool out_vec = fc_gemm_out_vec2;
   for (int i = 0; i < kMetalSgFrags; ++i) {
     const int row = m0 + sg_m * kMetalSgTile + i * kMetalFrag + fm;
     if (row >= p.m) {
@@ -293,6 +308,15 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
         continue;
       }
       const long idx = long(row) * p.n + col;
+      if (p.split_strips > 0) {
+        // split-K: raw fp32 partial sums; w4a16_splitk_reduce finishes them
+        device float* dst = partials + long(part) * p.m * p.n + idx;
+        dst[0] = acc[i * kMetalSgFrags + j].thread_elements()[0];
+        if (col + 1 < p.n) {
+          dst[1] = acc[i * kMetalSgFrags + j].thread_elements()[1];
+        }
+        continue;
+      }
       const float v0 = finish_value(
           acc[i * kMetalSgFrags + j].thread_elements()[0], row, col, p, gscale, op0, op1, op2,
           op3);
@@ -314,4 +338,31 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-K reduction: one thread per output element sums the split_k fp32 partials in partition
+// order, then the global scale, the epilogue and the one cast (as the GEMM's own epilogue).
+template <typename OutT>
+[[max_total_threads_per_threadgroup(kMetalReduceThreads)]] [[kernel]] void w4a16_splitk_reduce(
+    device const float* partials [[buffer(kMetalBufPartials)]],
+    device OutT* out [[buffer(kMetalBufOut)]],
+    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
+    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
+    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
+    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
+    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
+    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
+    uint gid [[thread_position_in_grid]]) {
+  const long total = long(p.m) * p.n;
+  if (long(gid) >= total) {
+    return;  // no barrier in this kernel
+  }
+  float v = 0.0f;
+  for (int s = 0; s < p.split_k; ++s) {
+    v += partials[long(s) * total + gid];
+  }
+  const int row = int(long(gid) / p.n);
+  const int col = int(long(gid) % p.n);
+  out[gid] = OutT(finish_value(v, row, col, p, gscale, op0, op1, op2, op3));
 }

@@ -5,6 +5,10 @@
 
 namespace mlx_fp4 {
 
+// No GPU kernels: a GPU stream cannot run here in any mode.
+bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+
+
 void W4A16Matmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error(
       "[W4A16Matmul] this build of mlx_fp4 has no GPU implementation (MLX was found without Metal or "

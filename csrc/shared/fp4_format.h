@@ -1,13 +1,24 @@
-// The NVFP4 weight format, defined once for C++, CUDA and Metal.
-// W[n, k] = e2m1(nibble) * e4m3(scale[n, k / kBlockSize]) * alpha, two nibbles per byte,
-// low nibble = even k. See FORMAT.md for the layout and the checkpoint dialects.
+// The FP4 weight formats, defined once for C++, CUDA and Metal. Both share the E2M1 values
+// (two nibbles per byte, low nibble = even k) and differ in the block scale:
+//   NVFP4: W[n, k] = e2m1(nibble) * e4m3(scale[n, k / 16]) * alpha (optional global multiplier)
+//   MXFP4: W[n, k] = e2m1(nibble) * e8m0(scale[n, k / 32])         (OCP MX, gpt-oss; no alpha)
+// See FORMAT.md for the layout and the checkpoint dialects.
 #pragma once
 #include "portable.h"
 
 namespace fp4 {
 
-// Weights that share one E4M3 scale, along K.
-FP4_CONST int kBlockSize = 16;
+// The scale format: a kernel parameter (template / function constant), MLX's `mode` argument.
+enum Mode : int { kModeNvfp4 = 0, kModeMxfp4 = 1 };
+FP4_CONST int kNumModes = 2;
+
+// Weights that share one scale, along K, per mode.
+FP4_CONST int kNvfp4BlockSize = 16;
+FP4_CONST int kMxfp4BlockSize = 32;
+FP4_CONST int kMaxBlockSize = kMxfp4BlockSize;
+// The NVFP4 block (code that is not mode-aware yet reads this name).
+FP4_CONST int kBlockSize = kNvfp4BlockSize;
+FP4_FN constexpr int block_size(int mode) { return mode == kModeMxfp4 ? kMxfp4BlockSize : kNvfp4BlockSize; }
 // FP4 values per packed byte, and per MLX uint32 word.
 FP4_CONST int kValuesPerByte = 2;
 FP4_CONST int kValuesPerWord = 8;
@@ -57,6 +68,26 @@ FP4_FN float e4m3_to_float(uint32_t code) {
   return (code & kE4M3SignBit) ? -v : v;
 }
 
+// E8M0 (MXFP4 scales): an unsigned biased exponent, 2^(code - 127); 0xFF is NaN (OCP MX;
+// MLX decodes it as +Inf). Code 0 is 2^-127, an fp32 subnormal (exact on CPUs; a GPU that
+// flushes fp32 denormals reads it as 0).
+FP4_CONST int kE8M0Bias = 127;
+FP4_CONST uint32_t kE8M0NaN = 0xFF;
+FP4_CONST int kF32MantissaBits = 23;
+FP4_CONST uint32_t kF32QuietNaN = 0x7FC00000u;
+FP4_CONST uint32_t kF32TwoPowMinus127 = 0x00400000u;  // the subnormal 2^-127
+FP4_FN float e8m0_to_float(uint32_t code) {
+  code &= 0xFFu;
+  return fp4_math::bits_to_float(code == kE8M0NaN ? kF32QuietNaN
+                                 : code == 0u    ? kF32TwoPowMinus127
+                                                 : code << uint32_t(kF32MantissaBits));
+}
+
+// The one scale decode per mode: what every kernel multiplies a block's E2M1 values by.
+FP4_FN float scale_to_float(int mode, uint32_t code) {
+  return mode == kModeMxfp4 ? e8m0_to_float(code) : e4m3_to_float(code);
+}
+
 // Bit-built half decode (the Metal kernels; MLX's fp4.h builds its halves the same way).
 // Two E2M1 codes become one 32-bit word of two IEEE half bit patterns: magnitude bits 0..2 go to
 // half bits 9..11 and the sign bit to bit 15, so the half is the E2M1 value times 2^-14, exactly
@@ -102,6 +133,11 @@ FP4_FN float e2m1_edge(int i) {
 }
 // Ties at 0.75, 1.75 and 3.5 go up (to 1.0, 2.0, 4.0: even mantissa); the others go down.
 FP4_FN bool e2m1_edge_tie_rounds_up(int i) { return i == 1 || i == 3 || i == 5; }
+// Per mode: NVFP4 rounds to nearest even; MXFP4 follows mx.quantize (the nearest table entry,
+// the first one on a tie), so every tie goes to the smaller magnitude.
+FP4_FN bool e2m1_edge_tie_rounds_up(int i, int mode) { return mode != kModeMxfp4 && e2m1_edge_tie_rounds_up(i); }
+// NVFP4 keeps the sign of values that round to 0 (-0); MXFP4 encodes them as +0 (mx.quantize).
+FP4_FN bool e2m1_keeps_negative_zero(int mode) { return mode != kModeMxfp4; }
 
 // E2M1 encode of one float, round-to-nearest-even, saturating at 6; NaN encodes as 0.
 FP4_FN uint32_t float_to_e2m1(float x) {

@@ -60,6 +60,19 @@ FP4_CONST int kMetalGemvMaxM = 16;
 // with staged scales.
 FP4_CONST int kMetalLargeTileMinM = 256;
 
+// Split-K of the fused GEMM when its tiles alone cannot fill the GPU (small M, e.g. the 64
+// threadgroups of M <= 64 at N = 4096 on a 40-core GPU): partitions double while the grid stays
+// within kMetalSplitKTargetThreadgroups (MLX's qmm_splitk aims at 512 too) and every partition
+// keeps at least kMetalSplitKMinStrips strips; fp32 partials, then w4a16_splitk_reduce applies
+// the global scale and the epilogue.
+FP4_CONST int kMetalSplitKTargetThreadgroups = 512;
+FP4_CONST int kMetalSplitKMinStrips = 4;
+// ... and while split x M <= kMetalSplitKMaxRows: the fp32 partials cost 8 bytes per row and
+// partition per weight column (written, then read), at most 1024 / K bytes per weight.
+FP4_CONST int kMetalSplitKMaxRows = 128;
+FP4_CONST int kMetalSplitKMax = 16;
+FP4_CONST int kMetalReduceThreads = 256;
+
 // Limits every Apple GPU family has; the metal_sim shim enforces the same numbers.
 FP4_CONST int kMetalMaxThreadgroupBytes = 32768;
 FP4_CONST int kMetalMaxThreadsPerThreadgroup = 1024;
@@ -68,5 +81,7 @@ FP4_CONST int kMetalMaxThreadsPerThreadgroup = 1024;
 FP4_FN constexpr int metal_gemm_threads(int bm) {
   return (bm / kMetalSgTile) * kMetalSgN * kMetalSimdWidth;
 }
+// The most any GEMM config launches (BM = 128): its [[max_total_threads_per_threadgroup]].
+FP4_CONST int kMetalGemmMaxThreads = metal_gemm_threads(kMetalLargeBM);
 
 }  // namespace fp4

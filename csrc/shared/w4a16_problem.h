@@ -15,7 +15,7 @@ struct W4A16Problem {
   int64_t n;                 // rows of the weight = output columns
   int64_t k;                 // reduction length, any k >= 1
   int64_t w_row_bytes;       // bytes per packed weight row (>= ceil(k / 2))
-  int64_t scale_row_bytes;   // bytes per scale row (== ceil(k / 16))
+  int64_t scale_row_bytes;   // bytes per scale row (== ceil(k / block_size(mode)))
   int x_dtype;               // OperandDtype of x (rows of k elements, contiguous)
   int out_dtype;             // OperandDtype of the output (rows of n elements, contiguous)
   int has_global_scale;      // 1: multiply the fp32 accumulator by *global_scale first
@@ -24,6 +24,7 @@ struct W4A16Problem {
   EpilogueOp ops[kMaxEpilogueOps];
   int operand_kind[kMaxEpilogueOperands];   // OperandKind
   int operand_dtype[kMaxEpilogueOperands];  // OperandDtype
+  int mode;                  // fp4::Mode: the scale format (E4M3 per 16 or E8M0 per 32)
 };
 
 // Element offset of operand `i` at (row, col) for its broadcast kind.
@@ -37,6 +38,8 @@ FP4_FN int64_t operand_offset(int kind, int64_t row, int64_t col, int64_t n) {
 // Packed-weight geometry from k.
 FP4_FN int64_t packed_bytes_for_k(int64_t k) { return (k + kValuesPerByte - 1) / kValuesPerByte; }
 FP4_FN int64_t packed_words_for_k(int64_t k) { return (k + kValuesPerWord - 1) / kValuesPerWord; }
-FP4_FN int64_t scale_blocks_for_k(int64_t k) { return (k + kBlockSize - 1) / kBlockSize; }
+FP4_FN int64_t scale_blocks_for_k(int64_t k, int mode = kModeNvfp4) {
+  return (k + block_size(mode) - 1) / block_size(mode);
+}
 
 }  // namespace fp4

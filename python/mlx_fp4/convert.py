@@ -3,7 +3,8 @@ the default predicate and ``global_scales``."""
 
 from __future__ import annotations
 
-import sys
+import warnings
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Union
 
 import mlx.core as mx
@@ -15,41 +16,158 @@ from .layers import FP4Linear, linear_kind, swap_modules, to_fp4_linear
 from .layers.sharded import _FP4Sharded
 from .layers.switch import FP4SwitchLinear, switch_kind, to_fp4_switch_linear
 
-__all__ = ["quantize", "dequantize", "global_scales", "progress_bar", "quantize_report"]
+__all__ = ["QuantizeSummary", "bits_per_weight", "dequantize", "global_scales", "progress_bar", "quantize"]
 
 Predicate = Callable[[str, nn.Module], Union[bool, dict]]
 
 
-def _default_predicate(path: str, m: nn.Module) -> bool:
-    kind = linear_kind(m) or switch_kind(m)
-    if kind == "switch":  # mixture-of-experts weights [E, N, K]
-        return m.weight.shape[-1] % GROUP_SIZE == 0
-    if kind == "nvfp4-switch":
-        return True
-    if kind == "linear":
-        return m.weight.shape[-1] % GROUP_SIZE == 0
-    return kind == "nvfp4"
+# How each leaf kind is handled: (float source, converted by default).
+_FLOAT_KINDS = ("linear", "switch")
+_WRAP_KINDS = ("nvfp4", "nvfp4-switch")
+_KEEP_KINDS = ("fp4", "fp4-switch")
+# global_scale="auto" keeps a global scale only where it lowers the relative weight error by
+# more than this fraction: elsewhere (weights of magnitude ~0.1 and up) both errors are equal
+# and the layer stays loadable by stock MLX / mlx-lm, which have no global scale for linears.
+AUTO_MIN_GAIN = 0.01
 
 
-def _convert(m: nn.Module, params: dict, path: str) -> nn.Module:
+def _kind(m) -> Optional[str]:
+    return linear_kind(m) or switch_kind(m)
+
+
+def _skip_reason(path: str, m: nn.Module) -> Optional[str]:
+    """Why the default predicate leaves ``m`` alone (None: it converts it)."""
+    kind = _kind(m)
+    if kind in _FLOAT_KINDS:
+        k = m.weight.shape[-1]
+        return None if k % GROUP_SIZE == 0 else f"input dims K={k} not a multiple of 16"
+    if kind in _WRAP_KINDS or kind in _KEEP_KINDS:
+        return None
+    if kind == "other":
+        return f"MLX QuantizedLinear mode={getattr(m, 'mode', None)!r}: left to MLX"
+    if hasattr(m, "to_quantized"):
+        return f"{type(m).__name__}: no FP4 layer for it (left as is)"
+    return None
+
+
+def _options(params: dict, path: str):
+    """The predicate's / caller's options for one layer, checked: -> global_scale."""
     params = dict(params)
-    group_size = params.pop("group_size", None)
-    bits = params.pop("bits", None)
-    mode = params.pop("mode", MODE)
+    where = f"mlx_fp4.nn.quantize: {path}"
     if params.pop("quantize_input", False):
         raise ValueError(
             f"[mlx_fp4.nn.quantize] {path}: quantize_input=True (W4A4) is not supported; "
             "FP4Linear is weight-only (W4A16)."
         )
-    check_config(group_size, bits, mode, f"mlx_fp4.nn.quantize: {path}")
-    global_scale = params.pop("global_scale", False)
+    check_config(params.pop("group_size", None), params.pop("bits", None), params.pop("mode", MODE), where)
+    global_scale = params.pop("global_scale", "auto")
     if params:
-        raise ValueError(
-            f"[mlx_fp4.nn.quantize] unknown options for {path}: {sorted(params)}."
-        )
+        raise ValueError(f"[mlx_fp4.nn.quantize] unknown options for {path}: {sorted(params)}.")
+    _check_global_scale_option(global_scale, where)
+    return global_scale
+
+
+def _check_global_scale_option(global_scale, where):
+    """True, False, "auto", or a value (MLX's convention) to quantize against / attach."""
+    if isinstance(global_scale, str) and global_scale != "auto":
+        raise ValueError(f"[{where}] global_scale expected True, False or 'auto' but got {global_scale!r}.")
+    if global_scale is None:
+        raise ValueError(f"[{where}] global_scale expected True, False or 'auto' but got None.")
+
+
+def _to_fp4(m: nn.Module, global_scale: bool, path: str) -> nn.Module:
+    where = f"mlx_fp4.nn.quantize: {path}"
     if switch_kind(m) is not None:
-        return to_fp4_switch_linear(m, global_scale, f"mlx_fp4.nn.quantize: {path}")
-    return to_fp4_linear(m, global_scale, f"mlx_fp4.nn.quantize: {path}")
+        return to_fp4_switch_linear(m, global_scale, where)
+    return to_fp4_linear(m, global_scale, where)
+
+
+def _relative_error(source: nn.Module, q: nn.Module) -> float:
+    w = source.weight.astype(mx.float32)
+    d = q.dequantized_weight(mx.float32)
+    return (mx.linalg.norm((d - w).reshape(-1)) / mx.maximum(mx.linalg.norm(w.reshape(-1)), 1e-30)).item()
+
+
+def _underflow(source: nn.Module, q: nn.Module) -> float:
+    """Fraction of 16-weight blocks with nonzero weights whose block scale is zero: weights
+    that decode as 0 (E4M3 underflow, what a global scale prevents)."""
+    w = source.weight
+    blocks = mx.max(mx.abs(w.reshape(*w.shape[:-1], -1, GROUP_SIZE)), axis=-1)
+    nonzero = blocks > 0
+    lost = mx.logical_and(nonzero, q["scales"] == 0)
+    return (mx.sum(lost) / mx.maximum(mx.sum(nonzero), 1)).item()
+
+
+def _convert(m: nn.Module, global_scale, path: str, report: "QuantizeSummary") -> nn.Module:
+    """One layer to FP4, recording what was done in ``report``."""
+    kind = _kind(m)
+    if kind in _KEEP_KINDS:
+        report.converted[path] = "kept (already FP4)"
+        return m
+    if kind not in _FLOAT_KINDS:  # bytes kept: a global scale *value* may be attached
+        new = _to_fp4(m, False if isinstance(global_scale, str) else global_scale, path)
+        report.converted[path] = "wrapped MLX nvfp4 (same bytes)"
+        return new
+    candidates = [False, True] if isinstance(global_scale, str) else [global_scale]
+    best = None
+    for gs in candidates:
+        new = _to_fp4(m, gs, path)
+        mx.eval(new.parameters())
+        err = _relative_error(m, new)
+        if best is None or err < best[1] * (1 - AUTO_MIN_GAIN):
+            best = (new, err, gs)
+    new, err, gs = best
+    report.converted[path] = "quantized" + ("" if gs is False else " + global scale")
+    report.errors[path] = err
+    lost = _underflow(m, new)
+    if lost > 0:
+        report.underflow[path] = lost
+    return new
+
+
+@dataclass
+class QuantizeSummary:
+    """What :func:`quantize` did (``str()`` of it is the line it prints).
+
+    ``converted``: path -> how; ``skipped``: path -> why; ``errors``: path -> relative weight
+    error ``||W - dequantize(Q(W))|| / ||W||`` of layers quantized from float weights;
+    ``underflow``: path -> fraction of nonzero 16-weight blocks whose E4M3 scale is 0 (those
+    weights decode as 0); ``bits_per_weight``: the whole model's, as mlx-lm counts it.
+    """
+
+    model: nn.Module
+    converted: Dict[str, str] = field(default_factory=dict)
+    skipped: Dict[str, str] = field(default_factory=dict)
+    errors: Dict[str, float] = field(default_factory=dict)
+    underflow: Dict[str, float] = field(default_factory=dict)
+    bits_per_weight: float = 0.0
+
+    @property
+    def with_global_scale(self) -> int:
+        return sum(how.endswith("global scale") for how in self.converted.values())
+
+    def __str__(self) -> str:
+        worst = max(self.errors.values(), default=None)
+        return (
+            f"[mlx_fp4] converted {len(self.converted)} layers to NVFP4 "
+            f"({self.with_global_scale} with a global scale), skipped {len(self.skipped)}"
+            + (f", max relative weight error {worst:.3f}" if worst is not None else "")
+            + f"; {self.bits_per_weight:.3f} bits per weight."
+        )
+
+
+def bits_per_weight(model: nn.Module) -> float:
+    """Bits of all parameters per model weight, counting a quantized weight as
+    ``weight.size * 32 / bits`` values (mlx_lm.utils.compute_bits_per_weight's rule)."""
+    total_bits, weights = 0, 0
+    for _, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        params = tree_flatten(m.parameters())
+        total_bits += sum(v.nbytes * 8 for _, v in params)
+        if "scales" in m and hasattr(m, "bits"):
+            weights += m["weight"].size * 32 // m.bits + (m["bias"].size if "bias" in m else 0)
+        else:
+            weights += sum(v.size for _, v in params)
+    return total_bits / max(weights, 1)
 
 
 def progress_bar(items, desc, enabled=True):
@@ -63,37 +181,53 @@ def progress_bar(items, desc, enabled=True):
 
 def quantize(
     model: nn.Module,
+    group_size: Optional[int] = None,
+    bits: Optional[int] = None,
     *,
+    mode: str = MODE,
+    quantize_input: bool = False,
     class_predicate: Optional[Predicate] = None,
-    global_scale: bool = False,
+    global_scale: Union[bool, str] = "auto",
     progress: bool = True,
-) -> nn.Module:
-    """Convert the linear layers of ``model`` to :class:`FP4Linear` in place.
+) -> QuantizeSummary:
+    """Convert the linear (and mlx-lm switch) layers of ``model`` to FP4 layers in place.
 
-    Mirrors ``mlx.nn.quantize(model, mode="nvfp4")``: ``nn.Linear`` layers are
-    quantized (input dims a multiple of 16), existing nvfp4
-    ``nn.QuantizedLinear`` layers are wrapped without copying bytes, FP4Linear
-    layers are kept. ``class_predicate(path, module)`` is called on every
-    ``nn.Linear``/``nn.QuantizedLinear`` leaf and returns ``False`` (skip),
-    ``True`` or a dict of options (``{"global_scale": True}``; ``group_size``,
-    ``bits`` and ``mode`` are accepted when they say 16/4/"nvfp4"). Other modules
-    (embeddings, norms) are never touched. ``global_scale=True`` gives every
-    newly quantized layer a per-tensor scale. A tqdm bar counts the layers and, with
-    ``progress``, one line says what was converted and which linear / expert layers were left
-    alone (the same text as ``model.fp4_quantize_report``).
+    ``mlx.nn.quantize``'s signature: ``group_size``/``bits``/``mode`` must say nvfp4 (16, 4,
+    ``"nvfp4"``, or None), anything else is a ValueError, as is ``quantize_input=True``
+    (W4A4). ``nn.Linear`` layers are quantized (K a multiple of 16), MLX nvfp4
+    ``QuantizedLinear`` layers wrapped without copying bytes, FP4 layers kept; other quantized
+    modes, embeddings and norms are left alone. ``class_predicate(path, module)`` is called on
+    the linear/switch leaves and returns ``False`` (skip), ``True`` or a dict of options
+    (``group_size``, ``bits``, ``mode``, ``global_scale``).
 
-    Returns ``model``.
+    ``global_scale``: ``True`` gives every newly quantized layer a per-tensor scale, ``False``
+    none (stock mlx-lm can then load a saved model), ``"auto"`` (default) quantizes both ways
+    and keeps the global scale where it lowers the relative weight error by more than 1%
+    (``AUTO_MIN_GAIN``; README: the measured errors).
+
+    Returns a :class:`QuantizeSummary` (converted, skipped and why, errors, bits per weight)
+    and prints its line when ``progress``; warns when a layer's block scales underflow
+    (nonzero weights decoded as zero).
     """
-    pred = class_predicate or _default_predicate
-    leaves = tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
-    todo, left = [], []
-    for path, m in leaves:
-        kind = linear_kind(m) or switch_kind(m)
-        if kind is None:
+    check_config(group_size, bits, mode, "mlx_fp4.nn.quantize")
+    if quantize_input:
+        raise ValueError(
+            "[mlx_fp4.nn.quantize] quantize_input=True (W4A4) is not supported; "
+            "FP4Linear is weight-only (W4A16)."
+        )
+    _check_global_scale_option(global_scale, "mlx_fp4.nn.quantize")
+    report = QuantizeSummary(model)
+    todo = []
+    for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        kind = _kind(m)
+        reason = _skip_reason(path, m)
+        if kind is None or (kind == "other" and class_predicate is None):
+            if reason is not None:
+                report.skipped[path] = reason
             continue
-        sel = pred(path, m)
+        sel = class_predicate(path, m) if class_predicate is not None else reason is None
         if sel is False or sel is None:
-            left.append((path, kind))
+            report.skipped[path] = reason or "class_predicate returned False"
             continue
         if sel is True:
             params = {"global_scale": global_scale}
@@ -104,43 +238,30 @@ def quantize(
                 "[mlx_fp4.nn.quantize] class_predicate must return a bool or a dict "
                 f"of options but returned {type(sel).__name__} for {path}."
             )
-        todo.append((path, m, params))
+        todo.append((path, m, _options(params, path)))
 
-    it = progress_bar(todo, "mlx_fp4: quantizing", progress)
     converted = []
-    for path, m, params in it:
-        new = _convert(m, params, path)
+    for path, m, gs in progress_bar(todo, "mlx_fp4: quantizing", progress):
+        new = _convert(m, gs, path, report)
         if new is not m:
             mx.eval(new.parameters())
             converted.append((path, new))
     if converted:
         model.update_modules(tree_unflatten(converted))
-    report = quantize_report([(p, linear_kind(m) or switch_kind(m)) for p, m, _ in todo], left)
-    object.__setattr__(model, "fp4_quantize_report", report)
+    report.bits_per_weight = bits_per_weight(model)
+    if report.underflow:
+        worst = sorted(report.underflow.items(), key=lambda kv: -kv[1])[:3]
+        warnings.warn(
+            f"mlx_fp4.nn.quantize: in {len(report.underflow)} layer(s) nonzero weights got zero "
+            "E4M3 block scales and decode as 0 ("
+            + ", ".join(f"{p}: {f:.1%} of blocks" for p, f in worst)
+            + "); quantize with global_scale=True or 'auto'.",
+            UserWarning,
+            stacklevel=2,
+        )
     if progress:
-        print(report, file=sys.stderr)
-    return model
-
-
-_KIND_NAMES = {"linear": "nn.Linear", "nvfp4": "nvfp4 QuantizedLinear", "fp4": "FP4Linear",
-               "other": "QuantizedLinear (not nvfp4)", "switch": "SwitchLinear",
-               "nvfp4-switch": "nvfp4 QuantizedSwitchLinear", "fp4-switch": "FP4SwitchLinear",
-               "other-switch": "QuantizedSwitchLinear (not nvfp4)"}
-
-
-def quantize_report(done, left, shown: int = 3) -> str:
-    """One line: counts of the converted layer kinds, then the left-alone ones with a few paths."""
-    def counts(items, paths):
-        by = {}
-        for path, kind in items:
-            by.setdefault(_KIND_NAMES.get(kind, kind), []).append(path)
-        parts = []
-        for name, ps in sorted(by.items()):
-            more = f", +{len(ps) - shown} more" if len(ps) > shown else ""
-            parts.append(f"{len(ps)} {name}" + (f" ({', '.join(ps[:shown])}{more})" if paths else ""))
-        return ", ".join(parts) or "nothing"
-
-    return f"[mlx_fp4.nn.quantize] converted {counts(done, False)}; left alone {counts(left, True)}."
+        print(report)
+    return report
 
 
 def dequantize(model: nn.Module, dtype=mx.bfloat16) -> nn.Module:

@@ -5,7 +5,7 @@
 and :mod:`mlx_fp4.distributed` (tensor parallelism).
 """
 
-from .checkpoints.models import load_model, load_weights
+from .checkpoints.models import load, load_model, load_weights
 from .convert import dequantize, global_scales, quantize
 from .distributed import shard_inplace, shard_linear
 from .formats import BITS, GROUP_SIZE, MODE
@@ -23,6 +23,7 @@ __all__ = [
     "fuse_swiglu",
     "load_weights",
     "load_model",
+    "load",
     "global_scales",
     "shard_linear",
     "shard_inplace",

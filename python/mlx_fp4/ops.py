@@ -1,26 +1,47 @@
-"""The core ops, as the rest of the package calls them.
+"""The core ops, as the package exports and calls them.
 
-Layers call ``ops.w4a16_matmul`` (looked up at call time) rather than the extension
-directly, so that there is one place where a call can be routed elsewhere.
+``w4a16_matmul`` and ``gather_w4a16_matmul`` are the extension's, except inside
+``mx_fp4.export_mode()``, where they lower to MLX-native ops that ``mx.export_function`` can
+write (:mod:`mlx_fp4.export`). Layers call ``ops.w4a16_matmul`` (looked up at call time), so
+this is the one place where a call is routed.
 """
 
+import functools
+
+from . import _ext
 from ._ext import (  # noqa: F401
     EPILOGUE_OPS,
     build_info,
     cpu_info,
     dequantize,
-    gather_w4a16_matmul,
     gather_w4a16_matmul_reference_ops,
     quantize,
-    w4a16_matmul,
     w4a16_matmul_reference_ops,
 )
+from .export import _EXPORTING, export_mode, exporting, lowered_gather_w4a16_matmul, lowered_w4a16_matmul
+
+
+@functools.wraps(_ext.w4a16_matmul)
+def w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_dtype=None, stream=None):
+    fn = lowered_w4a16_matmul if _EXPORTING.get() else _ext.w4a16_matmul
+    return fn(x, w, scales, global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype, stream=stream)
+
+
+@functools.wraps(_ext.gather_w4a16_matmul)
+def gather_w4a16_matmul(x, w, scales, *, lhs_indices=None, rhs_indices=None, global_scale=None, epilogue=None,
+                        out_dtype=None, sorted_indices=False, stream=None):
+    fn = lowered_gather_w4a16_matmul if _EXPORTING.get() else _ext.gather_w4a16_matmul
+    return fn(x, w, scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices, global_scale=global_scale,
+              epilogue=epilogue, out_dtype=out_dtype, sorted_indices=sorted_indices, stream=stream)
+
 
 __all__ = [
     "EPILOGUE_OPS",
     "build_info",
     "cpu_info",
     "dequantize",
+    "export_mode",
+    "exporting",
     "gather_w4a16_matmul",
     "gather_w4a16_matmul_reference_ops",
     "quantize",

@@ -76,7 +76,8 @@ SIM_N = 64
 MLX_GPU = (16, "s")  # MLX's dispatch for an M4 Max-class GPU (architecture gen 16, 's')
 # Our kernels the dispatch picks on the grid, bf16 in and out.
 OUR_KERNELS = [f"mlx_fp4_w4a16_gemv_mt{mt}_xbf16_obf16" for mt in (1, 2, 4, 8, 16)] + [
-    "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_obf16", "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_obf16"]
+    "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_obf16", "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_obf16",
+    "mlx_fp4_w4a16_splitk_reduce_obf16"]
 ROW_KEYS = ["impl", "kernel", "m", "n", "k", "instructions_per_weight",
             "device_bytes_per_weight", "threadgroup_bytes_per_weight", "barriers_per_1k_weights"]
 
@@ -97,19 +98,26 @@ def ours_row(runner, work, m, n, k):
 
     plan = sc.run_plan(runner, m, n, k, sc.BF16, sc.BF16)
     kernel = plan["kernel"][0]
+    name = kernel[len("mlx_fp4_w4a16_"):].rsplit("_x", 1)[0]
+    # the same kernel (and split-K factor) at the simulated N
+    split = int(plan["split"][0])
+    force = {"gemm_bm64_bk32_s0": "gemm64", "gemm_bm128_bk64_s1": "gemm128s"}.get(name)
+    force = f"{force}k{split}" if force else "gemv" + name[len("gemv_mt"):]
+    if split > 1:
+        name += f"_splitk{split}"
     x, packed, scales = _problem(m, SIM_N, k)
     count = Path(work) / "ours.counts"
     os.environ["MSIM_COUNT_OUT"] = str(count)
     try:
         _, sim_plan = sc.run_case(runner, Path(work) / "ours", m=m, n=SIM_N, k=k,
                                   x=x.astype("float32"), w_packed=packed, scales=scales,
-                                  x_dtype=sc.BF16, out_dtype=sc.BF16, guard="aligned")
+                                  x_dtype=sc.BF16, out_dtype=sc.BF16, guard="aligned",
+                                  force=force)
     finally:
         del os.environ["MSIM_COUNT_OUT"]
     assert sim_plan["kernel"][0] == kernel, (sim_plan, kernel)
     cls, mem = read_counts(runner, count)
     s = summarize(cls, mem, SIM_N * k, int(plan["threads"][0]))
-    name = kernel[len("mlx_fp4_w4a16_"):].rsplit("_x", 1)[0]
     return name, s
 
 

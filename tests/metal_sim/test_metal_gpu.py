@@ -27,8 +27,10 @@ def gpu_generation():
 # Before Apple7 (M1 = generation 13) the kernels cannot compile (no simdgroup_matrix, no bfloat):
 # the op runs on the CPU there (a paravirtual CI GPU); forcing a kernel would prove nothing.
 KERNELS_RUN = mx.metal.is_available() and gpu_generation() >= 13
-needs_kernels = pytest.mark.skipif(not KERNELS_RUN, reason="GPU before Apple7: the op runs on the CPU "
-                                   "here (test_old_gpu_falls_back_to_the_cpu)")
+needs_kernels = pytest.mark.skipif(
+    not KERNELS_RUN,
+    reason="GPU before Apple7: the op runs on the CPU here (test_old_gpu_falls_back_to_the_cpu)"
+    if mx.metal.is_available() else "needs an Apple GPU (Metal)")
 
 SHAPES = {
     # (M, N, K): ragged (odd K, K % BK != 0, K < 16) and tile-aligned
@@ -117,3 +119,21 @@ def test_route_to_mlx(monkeypatch, dtype):
     out = mlx_fp4.w4a16_matmul(x, w, scales, stream=mx.gpu)
     mx.eval(out)
     common.check_matmul(out, x, w, scales, k=128)
+
+
+@needs_kernels
+@pytest.mark.parametrize("force,m,n,k", [("gemm64k3", 40, 130, 300), ("gemm128sk2", 129, 128, 512),
+                                         ("gemm64", 16, 4096, 1024)])
+def test_split_k_on_gpu(monkeypatch, force, m, n, k):
+    """Forced and automatic split-K (the last: 4 partitions of 8 strips) against the reference,
+    with the global scale and an epilogue applied by the reduction."""
+    import mlx_fp4
+
+    monkeypatch.setenv("MLX_FP4_METAL_KERNEL", force)
+    g = common.rng("metal_gpu_split", force, m, n, k)
+    x = common.rand_x((m, k), mx.bfloat16, g)
+    w, scales, _ = common.rand_weights(n, k, g)
+    epilogue = EPILOGUES["bias_silu"](m, n, g)
+    out = mlx_fp4.w4a16_matmul(x, w, scales, global_scale=0.375, epilogue=epilogue, stream=mx.gpu)
+    mx.eval(out)
+    common.check_matmul(out, x, w, scales, k=k, global_scale=0.375, epilogue=epilogue)

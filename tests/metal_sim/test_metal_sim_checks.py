@@ -207,6 +207,13 @@ def test_too_many_threads(checks_runner):
     assert rc != 0 and "Metal allows 1 to 1024" in err, err
 
 
+def test_max_total_threads_per_threadgroup_is_enforced(checks_runner):
+    rc, v, err = raw(checks_runner, "capped_at_32", 1, 32, 256)
+    assert rc == 0 and np.array_equal(v[:32], np.arange(32)), err
+    rc, _, err = raw(checks_runner, "capped_at_32", 1, 64, 256)
+    assert rc != 0 and "max_total_threads_per_threadgroup(32)" in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # Compile-time checks.
 

@@ -53,7 +53,7 @@ def test_gemv_pipeline_is_specialized_on_alignment(sim_runner):
 def test_bindings_follow_primitive_inputs(sim_runner):
     # x, w, scales, out (-1), params (-2), then global scale and operands (none here: x).
     plan = sc.run_plan(sim_runner, 10, 10, 10)
-    assert plan["bindings"] == ["0", "1", "2", "-1", "-2", "0", "0", "0", "0", "0"]
+    assert plan["bindings"] == ["0", "1", "2", "-1", "-2", "0", "0", "0", "0", "0", "0"]
 
 
 def test_forced_gemv_rejects_large_m(sim_runner):
@@ -82,8 +82,9 @@ def test_params_abi_matches_between_cpp_and_msl(sim_runner):
 def test_every_specialization_is_compiled(sim_runner):
     names = subprocess.run([str(sim_runner), "list"], capture_output=True, text=True,
                            check=True).stdout.split()
-    # 5 GEMV (MT = 1, 2, 4, 8, 16) + 4 GEMM configs, x 3 x dtypes x 3 out dtypes.
-    assert len(names) == 9 * 9 and len(set(names)) == 81
+    # 5 GEMV (MT = 1, 2, 4, 8, 16) + 4 GEMM configs, x 3 x dtypes x 3 out dtypes, and the
+    # split-K reduction per out dtype.
+    assert len(names) == 9 * 9 + 3 and len(set(names)) == 84
 
 
 def test_embedded_source_is_ascii_and_self_contained(embedded_msl):

@@ -78,6 +78,38 @@ def test_gemv_tile_heights(sim_runner, tmp_path, force, guard):
     assert f"_gemv_mt{force[4:]}_" in plan["kernel"][0]
 
 
+# Split-K (forced partition counts): every GEMM config, uneven partitions, the K tail in the last
+# partition, the epilogue applied once by the reduction.
+SPLIT_CASES = [
+    ("gemm64k3", 70, 65, 300, "end", "gate_gelu_clamp_gs"),
+    ("gemm64sk2", 40, 130, 256, "aligned", "four_operands"),
+    ("gemm128k2", 150, 130, 200, "end", "bias_silu"),
+    ("gemm128sk4", 129, 128, 1024, "aligned", "relu_float_tanh_gs"),
+    ("gemm64k16", 9, 70, 513, "start", "none"),
+]
+
+
+@pytest.mark.parametrize("force,m,n,k,guard,epilogue", SPLIT_CASES, ids=lambda v: str(v))
+def test_split_k(sim_runner, tmp_path, force, m, n, k, guard, epilogue):
+    plan = check(sim_runner, tmp_path, m, n, k, force=force, guard=guard, epilogue=epilogue,
+                 out_dtype=sc.BF16)
+    strips = -(-k // (64 if "128" in force else 32))
+    want = int(force.rsplit("k", 1)[1])
+    per = -(-strips // want)
+    assert plan["split"] == [str(-(-strips // per)), str(per)]
+
+
+@pytest.mark.parametrize("m,n,split", [(9, 4096, 8), (16, 4096, 8), (32, 4096, 4), (64, 4096, 2),
+                                       (128, 4096, 1), (16, 14336, 2), (256, 4096, 1)])
+def test_split_k_chosen_for_small_grids(sim_runner, m, n, split):
+    # ceil(N / 64) tiles x split <= 512 threadgroups, split x M <= 128, K = 4096: 128 strips
+    plan = sc.run_plan(sim_runner, m, n, 4096)
+    assert plan["split"][0] == str(split)
+    bm = 64 if m < 256 else 128
+    tiles = 1 << ((-(-m // bm) - 1).bit_length() + (-(-n // 64) - 1).bit_length())
+    assert plan["grid"] == [str(tiles * split)]
+
+
 # Every config x out dtype x epilogue chain, on a ragged shape.
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("out_dtype", DTYPES, ids=lambda d: sc.DTYPE_NAME[d])

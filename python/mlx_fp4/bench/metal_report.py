@@ -6,7 +6,8 @@
    the automatic choice and the route to MLX (MLX_FP4_METAL_ROUTE=mlx) too.
 3. Speed at every M of the cost model's grid (benchmarks/results/metal/cost_model.json) against
    mx.quantized_matmul(mode="nvfp4") on the same bytes, as ratios measured in the same run.
-4. Optionally (--decode) the end-to-end decode benchmark (python -m mlx_fp4.bench decode).
+4. The end-to-end decode benchmark (python -m mlx_fp4.bench decode, 8 layers; needs mlx-lm;
+   --no-decode skips it), its JSON next to this report.
 
 Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
 saying so and what would run instead, and exits 0: the report is the result either way.
@@ -179,6 +180,9 @@ def markdown(doc):
         out.append(f"| {r['n']}x{r['k']} | {r['m']} | {fmt(r['mlx_fp4_us'], 1)} | "
                    f"{fmt(r['mlx_nvfp4_us'], 1)} | {fmt(r['speedup_vs_mlx'], 2)} | "
                    f"{fmt(r['weight_gbps'], 0)} |\n")
+    if "decode" in doc:
+        out.append(f"\nDecode benchmark: exit code {doc['decode']['exit_code']}, results in "
+                   f"`{doc['decode']['files']}`\n")
     out.append("\nPlease attach metal_report.json to an issue: it is how the cost model "
                "(docs/metal.md) gets checked against real Apple GPUs.\n")
     return "".join(out)
@@ -188,7 +192,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench metal-report", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench-out")
     p.add_argument("--quick", action="store_true", help="4096x4096 only, fewer repeats")
-    p.add_argument("--decode", action="store_true", help="also run the decode benchmark (needs mlx-lm)")
+    p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark (needs mlx-lm)")
     return p.parse_args(argv)
 
 
@@ -210,10 +214,11 @@ def main(argv=None) -> int:
         cfg = timing.TimingConfig(repeats=5 if args.quick else 20, budget_s=10.0, max_products=128)
         mx.set_default_device(mx.gpu)
         doc["speed"] = speed(grid_nk, GRID_M, cfg)
-        if args.decode:
+        if not args.no_decode:
             from . import decode
 
-            doc["decode_exit_code"] = decode.main(["--out", args.out, "--layers", "8", "--no-plot"])
+            code = decode.main(["--out", args.out, "--layers", "8", "--no-plot"])
+            doc["decode"] = {"exit_code": code, "files": os.path.join(args.out, "decode_*_gpu.*")}
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, "metal_report")
     with open(base + ".json", "w") as f:

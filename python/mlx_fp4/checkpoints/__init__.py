@@ -33,6 +33,6 @@ and within one fp32 ulp otherwise.
 
 from ..formats import E2M1_E4M3_MAX
 from .io import NVFP4Weights, load_nvfp4, save_nvfp4
-from .models import load_model, load_weights
+from .models import load, load_model, load_weights
 
-__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "E2M1_E4M3_MAX", "load_model", "load_weights"]
+__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "E2M1_E4M3_MAX", "load", "load_model", "load_weights"]

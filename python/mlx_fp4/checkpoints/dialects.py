@@ -153,8 +153,6 @@ def from_compressed_tensors(p, w, get):
 
 
 def from_mlx(p, w, get):
-    if get("biases", None) is not None:
-        raise load_error(f"{p}.biases present: {p} is affine-quantized, not nvfp4.")
     if w.dtype == mx.uint8:
         n, k = _packed_dims(p, "weight", w)
         w = w.view(mx.uint32)
@@ -185,7 +183,7 @@ DIALECT_KEYS = {
         "weight_shape",
     ),
     "modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
-    "mlx": ("weight", "scales", "global_scale", "biases"),
+    "mlx": ("weight", "scales", "global_scale"),
 }
 
 
@@ -206,5 +204,6 @@ def classify(weights: dict) -> Dict[str, str]:
         elif name in ("weight_scale", "weight_scale_2") and f"{p}.weight" in weights:
             layers[p] = "modelopt"
         elif name == "scales" and f"{p}.weight" in weights and weights[f"{p}.weight"].ndim == 2:
-            layers[p] = "mlx"
+            if f"{p}.biases" not in weights:  # affine (zero points): MLX's own, passed through
+                layers[p] = "mlx"
     return layers

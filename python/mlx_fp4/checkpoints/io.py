@@ -6,14 +6,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
-from ..formats import GROUP_SIZE, VALUES_PER_U32, describe
+from ..formats import BITS, GROUP_SIZE, MODE, VALUES_PER_U32, describe
 from .dialects import (
     ACTIVATION_SCALES,
     DIALECT_KEYS,
@@ -26,7 +27,7 @@ from .dialects import (
     quant_info,
 )
 
-__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights"]
+__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "copy_tokenizer", "read_configs"]
 
 Source = Union[str, os.PathLike, Mapping[str, mx.array]]
 
@@ -53,7 +54,8 @@ def _read_json(path: Path) -> Optional[dict]:
     return None
 
 
-def _read_configs(folder: Path) -> dict:
+def read_configs(folder: Path) -> dict:
+    """{'config': config.json, 'hf_quant_config': hf_quant_config.json} of a folder (those present)."""
     cfg = {}
     config = _read_json(folder / "config.json")
     if config is not None:
@@ -81,7 +83,7 @@ def _read_source(source) -> Tuple[dict, dict, dict]:
         if path.suffix != ".safetensors":
             raise load_error(f"source expected a .safetensors file or a folder but got {path}.")
         weights, _ = _load_file(path)
-        return weights, _read_configs(path.parent)
+        return weights, read_configs(path.parent)
     if path.is_dir():
         index = _read_json(path / "model.safetensors.index.json")
         if index is not None and "weight_map" in index:
@@ -98,7 +100,7 @@ def _read_source(source) -> Tuple[dict, dict, dict]:
             if dup:
                 raise load_error(f"tensor {sorted(dup)[0]} appears in more than one file ({f.name}).")
             weights.update(w)
-        return weights, _read_configs(path)
+        return weights, read_configs(path)
     raise load_error(f"source {str(path)!r} is neither a file, a folder nor a dict.")
 
 
@@ -212,77 +214,103 @@ def _check_layout(arrays: Dict[str, mx.array]) -> None:
             raise ValueError(f"[save_nvfp4] {key} expected a scalar but got {describe(v)}.")
 
 
+# What mlx_lm.convert leaves next to the weights for the tokenizer (tokenizer.save_pretrained).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "spiece.model", "tiktoken.model", "*.tiktoken", "vocab.json", "vocab.txt",
+    "merges.txt", "chat_template.json", "chat_template.jinja", "generation_config.json",
+)
+
+
+def copy_tokenizer(source, folder: Path) -> List[Path]:
+    """The tokenizer into ``folder``: ``source`` a folder (its tokenizer files are copied) or
+    a tokenizer (``save_pretrained``, as mlx_lm.convert does). Returns the files written."""
+    folder = Path(folder)
+    before = {f: f.stat().st_mtime_ns for f in folder.iterdir()}
+    if isinstance(source, (str, os.PathLike)):
+        src = Path(source)
+        if not src.is_dir():
+            raise ValueError(f"[save_nvfp4] tokenizer expected a folder or a tokenizer but got {str(src)!r}.")
+        for pattern in TOKENIZER_FILES:
+            for f in sorted(src.glob(pattern)):
+                if f.is_file() and f.resolve() != (folder / f.name).resolve():
+                    shutil.copy2(f, folder / f.name)
+    elif hasattr(source, "save_pretrained"):
+        source.save_pretrained(str(folder))
+    else:
+        raise ValueError(
+            f"[save_nvfp4] tokenizer expected a folder or a tokenizer but got {type(source).__name__}."
+        )
+    return sorted(f for f in folder.iterdir() if before.get(f) != f.stat().st_mtime_ns)
+
+
+def _saved_config(config: dict) -> dict:
+    """config.json for the MLX layout: ``quantization`` says nvfp4 (mlx-lm infers any other
+    layer's mode from its tensors); per-layer entries of the source are kept; a ModelOpt or
+    compressed-tensors ``quantization_config`` is replaced (mlx-lm writes the duplicate)."""
+    cfg = dict(config)
+    old = cfg.get("quantization")
+    q = {k: v for k, v in old.items() if isinstance(v, (dict, bool))} if isinstance(old, dict) else {}
+    q.update({"group_size": GROUP_SIZE, "bits": BITS, "mode": MODE})
+    cfg["quantization"] = q
+    cfg.pop("quantization_config", None)
+    return cfg
+
+
 def save_nvfp4(
     path: Union[str, os.PathLike],
     weights,
     *,
     config: Optional[dict] = None,
-    max_shard_bytes: int = 5 << 30,
+    tokenizer=None,
     metadata: Optional[Dict[str, str]] = None,
 ) -> List[Path]:
-    """Save NVFP4 weights in the MLX layout (what mlx-lm writes for nvfp4).
+    """Save NVFP4 weights in the MLX layout, with mlx-lm's own saving code.
 
     Args:
-        path: a ``*.safetensors`` file, or a folder: ``model.safetensors`` (or
-            ``model-0000i-of-0000n.safetensors`` shards of at most
-            ``max_shard_bytes``), ``model.safetensors.index.json`` and, when
-            ``config`` is given, ``config.json`` with
-            ``"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4"}``
-            (duplicated as ``quantization_config``, replacing a ModelOpt or
-            compressed-tensors one).
-        weights: the dict :func:`load_nvfp4` returned, or a model (its parameters,
-            global scales included).
+        path: a ``*.safetensors`` file, or a folder, written by ``mlx_lm.utils.save_model``:
+            ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` shards) and
+            ``model.safetensors.index.json``; with ``config``, ``config.json``
+            (``mlx_lm.utils.save_config``) with ``"quantization": {"group_size": 16,
+            "bits": 4, "mode": "nvfp4"}``; with ``tokenizer`` (a folder to copy the tokenizer
+            files from, or a tokenizer) its files. Such a folder opens in ``mlx_lm.load`` and
+            ``mlx_lm.generate`` when no layer has a global scale (stock MLX layers cannot hold
+            one: then it raises), and always in ``mlx_fp4.load``.
+        weights: the dict :func:`load_nvfp4` returned, or a model (its parameters, global
+            scales included).
+        metadata: extra safetensors metadata (single-file saves only).
 
     ``<p>.global_scale`` is MLX's convention (the amax) in memory and on disk, so
-    :func:`load_nvfp4` returns the same arrays bit for bit. Scales are written
-    as U8 (``mx.save_safetensors`` has no F8_E4M3). Returns the files written.
+    :func:`load_nvfp4` returns the same arrays bit for bit. Scales are written as U8
+    (``mx.save_safetensors`` has no F8_E4M3). Returns every file written.
     """
     arrays = _collect(weights)
     _check_layout(arrays)
-    meta = {"format": "mlx"}
-    if metadata:
-        meta.update(metadata)
     path = Path(path)
     if path.suffix == ".safetensors":
         path.parent.mkdir(parents=True, exist_ok=True)
-        mx.save_safetensors(str(path), arrays, metadata=meta)
+        mx.save_safetensors(str(path), arrays, metadata={"format": "mlx", **(metadata or {})})
         return [path]
+    from mlx_lm.utils import save_config, save_model
 
+    if metadata:
+        raise ValueError("[save_nvfp4] metadata is for single-file saves (mlx-lm writes the folder's).")
     path.mkdir(parents=True, exist_ok=True)
-    shards, cur, size = [], {}, 0
-    for k, v in arrays.items():
-        if cur and size + v.nbytes > max_shard_bytes:
-            shards.append(cur)
-            cur, size = {}, 0
-        cur[k] = v
-        size += v.nbytes
-    shards.append(cur)
-    files = []
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        name = (
-            "model.safetensors"
-            if len(shards) == 1
-            else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        )
-        mx.save_safetensors(str(path / name), shard, metadata=meta)
-        files.append(path / name)
-        weight_map.update({k: name for k in shard})
-    with open(path / "model.safetensors.index.json", "w") as f:
-        json.dump(
-            {
-                "metadata": {"total_size": sum(v.nbytes for v in arrays.values())},
-                "weight_map": dict(sorted(weight_map.items())),
-            },
-            f,
-            indent=4,
-        )
+    save_model(path, weights if isinstance(weights, nn.Module) else _Arrays(arrays))
+    index = path / "model.safetensors.index.json"
+    files = [path / f for f in sorted(set(_read_json(index)["weight_map"].values()))] + [index]
     if config is not None:
-        cfg = dict(config)
-        q = {"group_size": GROUP_SIZE, "bits": 4, "mode": "nvfp4"}
-        cfg["quantization"] = q
-        cfg["quantization_config"] = dict(q)
-        with open(path / "config.json", "w") as f:
-            json.dump(cfg, f, indent=4)
+        save_config(_saved_config(config), path / "config.json")
         files.append(path / "config.json")
+    if tokenizer is not None:
+        files += copy_tokenizer(tokenizer, path)
     return files
+
+
+class _Arrays(nn.Module):
+    """A plain dict of arrays as the module mlx_lm.utils.save_model takes."""
+
+    def __init__(self, arrays: Dict[str, mx.array]):
+        super().__init__()
+        for key, value in tree_unflatten(list(arrays.items())).items():
+            self[key] = value

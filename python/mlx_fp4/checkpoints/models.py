@@ -1,19 +1,23 @@
-"""Loading NVFP4 weights into models: ``load_weights`` (any dialect, into any model) and
-``load_model`` (an mlx-lm architecture from a checkpoint folder)."""
+"""Loading NVFP4 weights into models: ``load_weights`` (any dialect, into any model),
+``load_model`` / ``load`` (mlx-lm's own loaders with FP4 layers)."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..layers import FP4Linear, linear_kind
+from ..formats import BITS, GROUP_SIZE, MODE
+from ..layers import FP4Linear, FP4SwitchLinear, linear_kind, swap_modules, switch_kind
+from .dialects import quant_info
 from .experts import stack_experts, swap_switch_layers
-from .io import NVFP4Weights, load_nvfp4
+from .io import NVFP4Weights, load_nvfp4, read_configs
 
-__all__ = ["load_model", "load_weights"]
+__all__ = ["load", "load_model", "load_weights"]
 
 
 def load_weights(
@@ -96,25 +100,96 @@ def load_weights(
     return model
 
 
-def load_model(path, *, strict: bool = True, lazy: bool = False):
-    """Build the mlx-lm architecture named by ``path/config.json`` and load an NVFP4
-    checkpoint (ModelOpt, compressed-tensors or MLX) into it with :func:`load_weights`.
+def _checkpoint_class(base: type, configs: dict, aside: dict) -> type:
+    """``base`` (an mlx-lm model class) whose ``sanitize`` first converts the checkpoint to
+    mlx_fp4's layout (any dialect; per-expert tensors stacked) and sets aside the global scales
+    of dense linears (MLX's QuantizedLinear, which mlx-lm builds, has no such parameter; they are
+    attached when the layer becomes an FP4Linear). The hook is ``mlx_lm.utils.load_model``'s own
+    ``get_model_classes``; nothing in mlx-lm is patched."""
 
-    Needs mlx-lm (for the architecture). ``path`` is a local folder. Returns
-    ``(model, config)``; the tokenizer is ``mlx_lm.utils.load_tokenizer(path)``.
+    class Checkpoint(base):
+        def sanitize(self, weights):
+            weights = stack_experts(self, dict(load_nvfp4(weights, config=configs)))
+            if hasattr(base, "sanitize"):
+                weights = base.sanitize(self, weights)
+            for key in [k for k in weights if k.endswith(".global_scale")]:
+                prefix = key[: -len(".global_scale")]
+                w = weights.get(f"{prefix}.weight")
+                if w is not None and w.ndim == 2:
+                    aside[prefix] = weights.pop(key)
+            return weights
+
+    Checkpoint.__name__, Checkpoint.__qualname__ = base.__name__, base.__qualname__
+    Checkpoint.__module__ = base.__module__
+    return Checkpoint
+
+
+def _to_fp4_layers(model: nn.Module, aside: dict, strict: bool) -> None:
+    """MLX nvfp4 layers mlx-lm built -> FP4 layers over the same bytes, global scales attached."""
+
+    def swap(path, m):
+        if linear_kind(m) == "nvfp4":
+            return FP4Linear.from_quantized(m, global_scale=aside.pop(path, None))
+        if switch_kind(m) == "nvfp4-switch":
+            return FP4SwitchLinear.from_quantized(m)
+        return None
+
+    swap_modules(model, swap)
+    if aside and strict:
+        raise ValueError(
+            f"[mlx_fp4.nn.load_model] {sorted(aside)[0]}.global_scale: the checkpoint has a global "
+            "scale for a layer that is not NVFP4-quantized in the model."
+        )
+
+
+def load_model(path, lazy: bool = False, strict: bool = True, model_config: Optional[dict] = None):
+    """``mlx_lm.utils.load_model`` for NVFP4 checkpoints: ``(model, config)`` with FP4 layers.
+
+    mlx-lm reads ``config.json`` (and ``hf_quant_config.json``), builds the architecture,
+    honours ``config["quantization"]`` (per-layer recipes, quantized embeddings, affine layers:
+    all left to MLX) and loads the weights; a ModelOpt, compressed-tensors or MLX checkpoint is
+    first converted to the MLX layout in the model's ``sanitize`` step. Then every MLX nvfp4
+    ``QuantizedLinear`` / ``QuantizedSwitchLinear`` becomes an :class:`FP4Linear` /
+    :class:`FP4SwitchLinear` holding the same bytes and its global scale. Needs mlx-lm.
     """
-    from mlx_lm import utils as lm_utils
+    from mlx_lm import utils as lm
 
     path = Path(path)
-    config = lm_utils.load_config(path)
-    get_classes = getattr(lm_utils, "_get_classes", None) or getattr(lm_utils, "get_model_classes")
-    model_class, args_class = get_classes(config=config)
-    model = model_class(args_class.from_dict(config))
-    load_weights(model, path, strict=strict)
-    model.eval()
+    configs = read_configs(path)
+    model_config = dict(model_config or {})
+    if "quantization" not in configs.get("config", {}) and quant_info(configs)["method"] is not None:
+        # ModelOpt / compressed-tensors: the MLX recipe mlx-lm follows for the converted
+        # tensors (layers with scales after sanitize are nvfp4; the rest stays float).
+        model_config.setdefault("quantization", {"group_size": GROUP_SIZE, "bits": BITS, "mode": MODE})
+    default_classes = inspect.signature(lm.load_model).parameters["get_model_classes"].default
+    aside: dict = {}
+
+    def classes(config):
+        model_class, args_class = default_classes(config)
+        return _checkpoint_class(model_class, configs, aside), args_class
+
+    model, config = lm.load_model(path, lazy=True, strict=strict, model_config=model_config,
+                                  get_model_classes=classes)
+    _to_fp4_layers(model, aside, strict)
     if not lazy:
         mx.eval(model.parameters())
     return model, config
+
+
+def load(path_or_hf_repo: str, tokenizer_config: Optional[dict] = None, model_config: Optional[dict] = None,
+         adapter_path: Optional[str] = None, lazy: bool = False, return_config: bool = False,
+         revision: Optional[str] = None):
+    """``mlx_lm.load`` with FP4 layers: ``(model, tokenizer)`` (``+ config`` with
+    ``return_config``) from a local folder or a Hugging Face repo, any NVFP4 dialect."""
+    from mlx_lm import utils as lm
+
+    model_path = lm._download(path_or_hf_repo, revision=revision)
+    model, config = load_model(model_path, lazy, model_config=model_config)
+    if adapter_path is not None:
+        model = lm.load_adapters(model, adapter_path)
+        model.eval()
+    tokenizer = lm.load_tokenizer(model_path, tokenizer_config, eos_token_ids=config.get("eos_token_id", None))
+    return (model, tokenizer, config) if return_config else (model, tokenizer)
 
 
 def _is_loaded_layout(weights: dict) -> bool:

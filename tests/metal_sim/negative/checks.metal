@@ -14,6 +14,13 @@ using namespace metal;
   out[tid] = tile[63 - tid];
 }
 
+// Declares at most 32 threads per threadgroup: dispatched with 64, pipeline creation would fail.
+[[max_total_threads_per_threadgroup(32)]] [[kernel]] void capped_at_32(
+    device float* out [[buffer(0)]],
+    ushort tid [[thread_index_in_threadgroup]]) {
+  out[tid] = float(tid);
+}
+
 // Missing barrier: threads run ahead and read slots not yet written (NaN-poisoned).
 [[kernel]] void reverse_missing_barrier(
     device float* out [[buffer(0)]],

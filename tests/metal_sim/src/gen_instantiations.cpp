@@ -17,5 +17,9 @@ int main(int argc, char** argv) {
       }
     }
   }
+  for (int o : dtypes) {
+    const std::string name = fp4::metal_reduce_kernel_name(o);
+    if (only.empty() || only.count(name)) std::cout << fp4::metal_reduce_instantiation(o);
+  }
   return 0;
 }

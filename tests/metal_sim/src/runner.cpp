@@ -62,6 +62,7 @@ void print_launch(const fp4::MetalLaunch& l, std::ostream& os) {
      << "log2_grid " << q.log2_grid_m << " " << q.log2_grid_n << "\n"
      << "flags " << q.flags << "\n"
      << "pipeline " << l.pipeline_name << "\n"
+     << "split " << q.split_k << " " << q.split_strips << "\n"
      << "bindings";
   for (int s = 0; s < fp4::kMetalNumBuffers; ++s) os << " " << l.binding[s];
   os << "\n";
@@ -143,17 +144,33 @@ int cmd_run(const std::string& dir) {
       const bool v = l.constants[i].value;
       enc.set_function_constant(l.constants[i].index, &v, sizeof v);
     }
-    for (int s = 0; s < fp4::kMetalNumBuffers; ++s) {
-      const int b = l.binding[s];
-      if (b == fp4::kMetalBindOutput) {
-        enc.set_buffer(out, s);
-      } else if (b == fp4::kMetalBindParams) {
-        enc.set_bytes(&l.params, sizeof(l.params), s);
-      } else {
-        enc.set_buffer(inputs.at(size_t(b)), s);
-      }
+    // Split-K partials: a temporary, NaN-poisoned like every unwritten buffer.
+    msim::Buffer* partials = nullptr;
+    if (l.split) {
+      partials = msim::alloc_buffer(size_t(l.partial_bytes), "partials", guard);
+      std::memset(partials->data, 0xFF, size_t(l.partial_bytes));
     }
+    auto bind_all = [&]() {
+      for (int s = 0; s < fp4::kMetalNumBuffers; ++s) {
+        const int b = l.binding[s];
+        if (b == fp4::kMetalBindOutput) {
+          enc.set_buffer(out, s);
+        } else if (b == fp4::kMetalBindParams) {
+          enc.set_bytes(&l.params, sizeof(l.params), s);
+        } else if (b == fp4::kMetalBindPartials) {
+          enc.set_buffer(partials, s);
+        } else {
+          enc.set_buffer(inputs.at(size_t(b)), s);
+        }
+      }
+    };
+    bind_all();
     enc.dispatch_threadgroups(l.kernel_name, {l.grid, 1, 1}, {l.threads, 1, 1});
+    if (l.split) {
+      bind_all();
+      enc.dispatch_threadgroups(l.reduce_kernel_name, {l.reduce_grid, 1, 1},
+                                {l.reduce_threads, 1, 1});
+    }
   }
   std::ofstream o(dir + "/out.bin", std::ios::binary);
   o.write(static_cast<const char*>(out->data), std::streamsize(out_bytes));
