@@ -123,7 +123,7 @@ def test_save_nvfp4_moe_loads_in_stock_mlx_lm_and_back(tmp_path, name):
     from mlx_fp4.checkpoints import save_nvfp4
 
     model = build(name, seed=9)
-    fnn.quantize(model, progress=False)
+    fnn.quantize(model, global_scale=False, progress=False)  # stock mlx-lm takes no global scales
     save_nvfp4(tmp_path / "m", model, config=MODELS[name])
     stock, cfg = load_model(tmp_path / "m")
     assert cfg["quantization"]["mode"] == "nvfp4"
