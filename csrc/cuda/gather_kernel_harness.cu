@@ -24,16 +24,16 @@
 
 using namespace mlx_fp4::cuda;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
-
 namespace {
+
+// Stops on the first CUDA error, naming the call.
+void check_cuda(cudaError_t e, const char* call, int line) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "gather_kernel_harness.cu:%d %s: %s\n", line, call, cudaGetErrorString(e));
+  std::exit(2);
+}
+#define CK(x) check_cuda((x), #x, __LINE__)
+
 
 int g_failures = 0;
 
