@@ -283,7 +283,7 @@ mx::array gather_w4a16_matmul(
     }
   }
   const bool kernel = mx::to_stream(s).device != mx::Device::gpu ||
-                      (gather_gpu_kernel_available() && gpu_kernel_supports_mode(c.in.mode));
+                      (gather_gpu_kernel_available() && c.in.mode == fp4::kModeNvfp4);  // GPU gathers: nvfp4
   auto y = kernel ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
                   : gather_w4a16_reference_canonical(c.in, chain, c.out_dtype, s);
   return squeeze_if(y, c.squeeze_m, s);

@@ -22,17 +22,20 @@ from .export import _EXPORTING, export_mode, exporting, lowered_gather_w4a16_mat
 
 
 @functools.wraps(_ext.w4a16_matmul)
-def w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_dtype=None, stream=None):
+def w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_dtype=None, group_size=None, bits=None,
+                 mode="nvfp4", stream=None):
     fn = lowered_w4a16_matmul if _EXPORTING.get() else _ext.w4a16_matmul
-    return fn(x, w, scales, global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype, stream=stream)
+    return fn(x, w, scales, global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype, group_size=group_size,
+              bits=bits, mode=mode, stream=stream)
 
 
 @functools.wraps(_ext.gather_w4a16_matmul)
 def gather_w4a16_matmul(x, w, scales, *, lhs_indices=None, rhs_indices=None, global_scale=None, epilogue=None,
-                        out_dtype=None, sorted_indices=False, stream=None):
+                        out_dtype=None, sorted_indices=False, group_size=None, bits=None, mode="nvfp4", stream=None):
     fn = lowered_gather_w4a16_matmul if _EXPORTING.get() else _ext.gather_w4a16_matmul
     return fn(x, w, scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices, global_scale=global_scale,
-              epilogue=epilogue, out_dtype=out_dtype, sorted_indices=sorted_indices, stream=stream)
+              epilogue=epilogue, out_dtype=out_dtype, sorted_indices=sorted_indices, group_size=group_size, bits=bits,
+              mode=mode, stream=stream)
 
 
 __all__ = [
