@@ -96,8 +96,9 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
             wv[q] = word;
           }
         }
-        // Scales of the chunk's two 16-value halves (bytes 16c and 16c + 8).
-        const int64_t b0 = (c * 16) / kBlockBytes, b1 = (c * 16 + 8) / kBlockBytes;
+        // Scales of the chunk's two 16-value halves: blocks 2c, 2c + 1 (NVFP4) or c, c (MXFP4).
+        constexpr int kBlocksPerChunk = 16 / kBlockBytes;
+        const int64_t b0 = kBlocksPerChunk * c, b1 = b0 + kBlocksPerChunk - 1;
         const float s0 = fp4::scale_to_float(Mode, srow[b0]);
         const float s1 = b1 < srb ? fp4::scale_to_float(Mode, srow[b1]) : 0.0f;
 #pragma unroll

@@ -213,7 +213,7 @@ def main(argv=None) -> int:
         "points": points,
     }
     base = os.path.join(args.out, f"{STEM}_{device}" + ("" if args.mode == "nvfp4" else f"_{args.mode}"))
-    text = report.table(points, OURS, [i.name for i in impls])
+    text = report.table(points, OURS, [i.name for i in impls], args.mode)
     print()
     print(text)
     print(report.roofline_lines(doc))
