@@ -405,7 +405,7 @@ mx::array w4a16_matmul_with_multiplier(
     case MetalRoute::kOurs:
       break;
   }
-  if (mx::to_stream(s).device == mx::Device::gpu && !gpu_kernel_supports_mode(p.c.mode)) {
+  if (mx::to_stream(s).device == mx::Device::gpu && !gpu_kernel_supports_mode(p.c.mode, p.c.x.size() / p.c.k)) {
     // No kernel of ours for the mode on this GPU: MLX's own (its layout: K a multiple of the
     // block), else the MLX-ops form.
     return p.c.k % fp4::block_size(p.c.mode) == 0 ? mlx_nvfp4_route(p.c, epilogue, s) : reference_graph(p.c, epilogue, s);

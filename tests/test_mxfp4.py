@@ -35,16 +35,18 @@ MODE = "mxfp4"
 DTYPE_NAME = {mx.float32: "float32", mx.bfloat16: "bfloat16", mx.float16: "float16"}
 
 
-def mlx_routed(gather, k):
+def mlx_routed(gather, k, m=1):
     """GPU calls our GPU kernels do not cover yet run MLX's own mxfp4 kernel (the gathered op on
-    every GPU, w4a16_matmul on Metal) when K fits its layout; it rounds to x's dtype, so those are
-    held to MLX_GATHER_QMM_TOL. The CUDA w4a16_matmul kernels and the CPU keep the fp32 table."""
+    every GPU; w4a16_matmul on Metal past the GEMV's 16 rows, or from 9 rows on M5) when K fits its
+    layout; it rounds to x's dtype, so those are held to MLX_GATHER_QMM_TOL. The CUDA
+    w4a16_matmul kernels, the Metal GEMV and the CPU keep the fp32 table."""
     on_gpu = mx.default_device() == mx.gpu
-    return on_gpu and k % 32 == 0 and (gather or mx.metal.is_available())
+    metal_mlx = mx.metal.is_available() and m >= 9
+    return on_gpu and k % 32 == 0 and (gather or metal_mlx)
 
 
 def check_mx_matmul(out, x, w, s, **kw):
-    if not mlx_routed(False, x.shape[-1]):
+    if not mlx_routed(False, x.shape[-1], x.size // x.shape[-1]):
         return check_matmul(out, x, w, s, mode=MODE, **kw)
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, w, s, mode=MODE)
     expected = ref.apply_epilogue(acc, kw.get("epilogue"))

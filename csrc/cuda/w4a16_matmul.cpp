@@ -21,7 +21,7 @@
 namespace mlx_fp4 {
 
 // Every mode: the plan keeps MXFP4 off the tensor-core kernels (SIMT, dequantize + cuBLASLt).
-bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
+bool gpu_kernel_supports_mode(int mode, int64_t) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 namespace {
 
