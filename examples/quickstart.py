@@ -32,7 +32,7 @@ def main():
     mx.random.seed(0)
 
     w = mx.random.normal((n, k)) * 0.02
-    packed, scales, gs = mx_fp4.quantize(w, global_scale=True)  # uint8 [N, K/2], uint8 [N, K/16], fp32 scalar
+    packed, scales, gs = mx_fp4.quantize(w, global_scale=True)  # uint8 [N, K/2], uint8 [N, K/16], fp32 amax
     x = mx.random.normal((m, k)).astype(mx.bfloat16)
     bias = mx.random.normal((n,))
     up = mx.random.normal((m, n))
@@ -41,7 +41,8 @@ def main():
     y = mx_fp4.w4a16_matmul(x, packed, scales, global_scale=gs, epilogue=epilogue, out_dtype=mx.float32)
 
     # Float64 reference from the exactly decoded weights.
-    wd = np.array(mx_fp4.dequantize(packed, scales, dtype=mx.float32), dtype=np.float64) * float(gs.item())
+    # global_scale is MLX's convention (the amax): the weights decode with gs / 2688
+    wd = np.array(mx_fp4.dequantize(packed, scales, dtype=mx.float32), dtype=np.float64) * (float(gs.item()) / 2688)
     xd = np.array(x.astype(mx.float32), dtype=np.float64)
     pre = xd @ wd.T + np.array(bias, dtype=np.float64)
     ref = pre / (1.0 + np.exp(-pre)) * np.array(up, dtype=np.float64)

@@ -129,3 +129,9 @@ def test_mlx_shard_linear_raises_and_ours_carries_it():
         ours = D.shard_linear(layer, sharding, group=group)
         assert ours.global_scale.item() == layer.global_scale.item()
         np.testing.assert_array_equal(np.array(ours(x)), np.array(layer(x)))
+
+
+def test_distributed_quantize_refuses_auto():
+    """Shard-first conversion has no whole tensor to measure 'auto' on: a clear error."""
+    with pytest.raises(ValueError, match="global_scale expected True or False"):
+        D.quantize(_model(global_scale=False), global_scale="auto", progress=False)

@@ -433,6 +433,9 @@ def quantize(
     and per-expert scales are those of converting first.
     """
     where = "mlx_fp4.distributed.quantize"
+    if not isinstance(global_scale, bool):
+        # "auto" would compare errors over the whole tensor, which no rank holds: not offered.
+        raise ValueError(f"[{where}] global_scale expected True or False but got {global_scale!r}.")
     todo = []
     for path, m in model.named_modules():
         kind = _sharded_kind(m)
@@ -445,7 +448,9 @@ def quantize(
         for key, want in (("group_size", GROUP_SIZE), ("bits", BITS), ("mode", MODE)):
             if key in opts and opts.pop(key) not in (None, want):
                 raise ValueError(f"[{where}] {path}: only nvfp4 (16/4/'nvfp4') is supported.")
-        gs = bool(opts.pop("global_scale"))
+        gs = opts.pop("global_scale")
+        if not isinstance(gs, bool):
+            raise ValueError(f"[{where}] {path}: global_scale expected True or False but got {gs!r}.")
         if opts:
             raise ValueError(f"[{where}] unknown options for {path}: {sorted(opts)}.")
         sharding = (

@@ -27,7 +27,7 @@ import math
 import mlx.core as mx
 
 from . import _ext
-from .formats import E2M1_E4M3_MAX, GROUP_SIZE, VALUES_PER_U32
+from .formats import E2M1_E4M3_MAX, MODE_DEFAULTS, VALUES_PER_U32
 
 __all__ = ["export_mode", "exporting", "lowered_w4a16_matmul", "lowered_gather_w4a16_matmul"]
 
@@ -81,9 +81,9 @@ def _epilogue(y: mx.array, epilogue) -> mx.array:
     return y
 
 
-def _as_words(w: mx.array, k: int):
+def _as_words(w: mx.array, k: int, group_size: int):
     """w as MLX's uint32 [N, K/8] when mx.quantized_matmul can take it, else None."""
-    if k % GROUP_SIZE:
+    if k % group_size:
         return None
     if w.dtype == mx.uint32:
         return w
@@ -92,17 +92,20 @@ def _as_words(w: mx.array, k: int):
     return None
 
 
-def lowered_w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_dtype=None, stream=None):
+def lowered_w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_dtype=None, group_size=None,
+                         bits=None, mode="nvfp4", stream=None):
     """``w4a16_matmul`` as MLX-native ops (arguments checked by the extension first)."""
     # Validation (and the errors users see) stay the extension's: build and drop its node.
-    _ext.w4a16_matmul(x, w, scales, global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype, stream=stream)
+    _ext.w4a16_matmul(x, w, scales, global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype,
+                      group_size=group_size, bits=bits, mode=mode, stream=stream)
     k = x.shape[-1]
-    words = _as_words(w, k)
+    group_size = MODE_DEFAULTS[mode][0]
+    words = _as_words(w, k, group_size)
     if words is None:
         return _ext.w4a16_matmul_reference_ops(x, w, scales, global_scale=global_scale, epilogue=epilogue,
-                                               out_dtype=out_dtype, stream=stream)
-    y = mx.quantized_matmul(x.astype(mx.float32), words, scales, transpose=True, group_size=GROUP_SIZE,
-                            bits=32 // VALUES_PER_U32, mode="nvfp4", stream=stream)
+                                               out_dtype=out_dtype, mode=mode, stream=stream)
+    y = mx.quantized_matmul(x.astype(mx.float32), words, scales, transpose=True, group_size=group_size,
+                            bits=32 // VALUES_PER_U32, mode=mode, stream=stream)
     if global_scale is not None:
         gs = global_scale if isinstance(global_scale, mx.array) else mx.array(global_scale, mx.float32)
         y = y * (gs.reshape(()).astype(mx.float32) / mx.array(E2M1_E4M3_MAX, mx.float32))
@@ -110,20 +113,23 @@ def lowered_w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_
 
 
 def lowered_gather_w4a16_matmul(x, w, scales, *, lhs_indices=None, rhs_indices=None, global_scale=None,
-                                epilogue=None, out_dtype=None, sorted_indices=False, stream=None):
+                                epilogue=None, out_dtype=None, sorted_indices=False, group_size=None, bits=None,
+                                mode="nvfp4", stream=None):
     """``gather_w4a16_matmul`` as MLX-native ops: ``mx.gather_qmm`` in fp32 without a global
     scale (MLX takes one on the GPU only), then each pair's multiplier, the epilogue, one cast."""
     _ext.gather_w4a16_matmul(x, w, scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices,
                              global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype,
-                             sorted_indices=sorted_indices, stream=stream)
+                             sorted_indices=sorted_indices, group_size=group_size, bits=bits, mode=mode,
+                             stream=stream)
     k = x.shape[-1]
-    words = _as_words(w, k)
+    group_size = MODE_DEFAULTS[mode][0]
+    words = _as_words(w, k, group_size)
     if words is None:
         return _ext.gather_w4a16_matmul_reference_ops(x, w, scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices,
                                                       global_scale=global_scale, epilogue=epilogue,
-                                                      out_dtype=out_dtype, stream=stream)
+                                                      out_dtype=out_dtype, mode=mode, stream=stream)
     y = mx.gather_qmm(x.astype(mx.float32), words, scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices,
-                      transpose=True, group_size=GROUP_SIZE, bits=32 // VALUES_PER_U32, mode="nvfp4",
+                      transpose=True, group_size=group_size, bits=32 // VALUES_PER_U32, mode=mode,
                       sorted_indices=sorted_indices, stream=stream)
     if global_scale is not None:
         gs = global_scale if isinstance(global_scale, mx.array) else mx.array(global_scale, mx.float32)

@@ -21,18 +21,18 @@ from ._ext import (  # noqa: F401
 from .export import _EXPORTING, export_mode, exporting, lowered_gather_w4a16_matmul, lowered_w4a16_matmul
 
 
+# Same signatures as the extension's functions (functools.wraps exposes them); inside export_mode()
+# the calls go to the MLX-native lowering instead.
 @functools.wraps(_ext.w4a16_matmul)
-def w4a16_matmul(x, w, scales, *, global_scale=None, epilogue=None, out_dtype=None, stream=None):
+def w4a16_matmul(*args, **kwargs):
     fn = lowered_w4a16_matmul if _EXPORTING.get() else _ext.w4a16_matmul
-    return fn(x, w, scales, global_scale=global_scale, epilogue=epilogue, out_dtype=out_dtype, stream=stream)
+    return fn(*args, **kwargs)
 
 
 @functools.wraps(_ext.gather_w4a16_matmul)
-def gather_w4a16_matmul(x, w, scales, *, lhs_indices=None, rhs_indices=None, global_scale=None, epilogue=None,
-                        out_dtype=None, sorted_indices=False, stream=None):
+def gather_w4a16_matmul(*args, **kwargs):
     fn = lowered_gather_w4a16_matmul if _EXPORTING.get() else _ext.gather_w4a16_matmul
-    return fn(x, w, scales, lhs_indices=lhs_indices, rhs_indices=rhs_indices, global_scale=global_scale,
-              epilogue=epilogue, out_dtype=out_dtype, sorted_indices=sorted_indices, stream=stream)
+    return fn(*args, **kwargs)
 
 
 __all__ = [

@@ -224,8 +224,7 @@ def main(argv=None) -> int:
                 f"commit {(info['git']['commit'] or 'unknown')[:12]}\n\n{text}\n\n"
                 f"{report.roofline_lines(doc)}\n\n{report.LEGEND}\n")
     written = [base + ".json", base + ".md"]
-    if not args.no_plot:
-        plot.plot(doc, base + ".png")
+    if not args.no_plot and plot.plot(doc, base + ".png"):
         written.append(base + ".png")
     print("wrote " + ", ".join(written))
     return 0

@@ -23,6 +23,8 @@ import time
 
 import mlx.core as mx
 
+from .plot import pyplot
+
 VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
@@ -312,10 +314,9 @@ def table(points, variants) -> str:
 
 
 def plot(doc, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # None without matplotlib (the hint is printed)
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for v in doc["config"]["variants"]:

@@ -10,11 +10,28 @@ STYLE = {
 }
 
 
-def plot(doc: dict, path: str) -> None:
-    import matplotlib
+INSTALL_HINT = 'plot skipped: matplotlib is not installed (pip install "mlx-fp4[bench]")'
 
+
+def pyplot():
+    """matplotlib.pyplot with the Agg backend, or None (and one line saying how to get it): the
+    plot is optional, the JSON and Markdown are the results."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(INSTALL_HINT)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(doc: dict, path: str) -> bool:
+    """Write the PNG; False (after the install hint) without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return False
 
     points = doc["points"]
     shapes = list(dict.fromkeys(p["shape"] for p in points))
@@ -56,3 +73,4 @@ def plot(doc: dict, path: str) -> None:
     fig.tight_layout(rect=(0, 0.045 * legend_rows / rows, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True

@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from .. import ops
 from ..formats import BITS, E2M1_E4M3_MAX, GROUP_SIZE, MODE, check_config, describe
+from .linear import swap_modules
 
 __all__ = ["FP4SwitchGLU", "FP4SwitchLinear", "fuse_switch_glu", "is_switch_linear", "switch_kind",
            "to_fp4_switch_linear"]
@@ -257,8 +258,6 @@ def fuse_switch_glu(model: nn.Module) -> nn.Module:
     """Replace every mlx-lm ``SwitchGLU`` with the SwiGLU activation (the default) by an
     :class:`FP4SwitchGLU` sharing its (FP4 or converted) experts, in place; returns ``model``."""
     from mlx_lm.models.switch_layers import SwiGLU, SwitchGLU
-
-    from .linear import swap_modules
 
     return swap_modules(
         model, lambda path, m: FP4SwitchGLU(m) if isinstance(m, SwitchGLU) and isinstance(m.activation, SwiGLU) else None
