@@ -52,6 +52,7 @@ __all__ = [
     "shard_model",
     "quantize",
     "global_scales",
+    "group_max",
 ]
 
 
@@ -364,6 +365,18 @@ def _sharded_kind(m) -> Optional[str]:
     return None
 
 
+def group_max(local: mx.array, group: mx.distributed.Group) -> mx.array:
+    """Elementwise max of ``local`` over the ranks, exactly, through one ``all_sum``: every rank
+    fills its own row of an otherwise zero [ranks, ...] array (adding zeros is exact). all_sum is
+    the one collective every backend has (some NCCL builds of MLX lack all_gather and all_max)."""
+    n = group.size()
+    if n == 1:
+        return local
+    rows = mx.zeros((n, *local.shape), local.dtype)
+    rows[group.rank()] = local
+    return mx.max(mx.distributed.all_sum(rows, group=group), axis=0)
+
+
 def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
     """The experts of a model sharded first, before convert.quantize: mlx-lm's plan split them in
     place (type unchanged), so each rank holds row or K slices of every expert. Without a global
@@ -386,13 +399,15 @@ def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
         sel = True if class_predicate is None else class_predicate(path, m)
         if sel is False or sel is None:
             continue
-        if (sel.get("global_scale", global_scale) if isinstance(sel, dict) else global_scale):
+        gs = sel.get("global_scale", global_scale) if isinstance(sel, dict) else global_scale
+        if not isinstance(gs, bool):
+            raise ValueError(f"[{where}] {path}: global_scale expected True or False but got {gs!r}.")
+        if gs:
             todo.append((path, m))
     if not todo:
         return
     local = mx.concatenate([mx.max(mx.abs(m.weight), axis=(-2, -1)).astype(mx.float32) for _, m in todo])
-    # all_gather + max rather than all_max: all_gather exists on every backend.
-    amax = mx.max(mx.distributed.all_gather(local[None], group=group), axis=0) if group.size() > 1 else local
+    amax = group_max(local, group)
     mx.eval(amax)
     new, start = [], 0
     for path, m in todo:
@@ -424,7 +439,7 @@ def quantize(
     The result equals converting first and sharding after, bit for bit, when
     the earlier split of K was on 16-element boundaries: blocks never straddle
     ranks, and with ``global_scale=True`` the per-tensor scale is the amax over
-    the whole tensor (one ``all_gather`` of the local amaxes per group, all layers
+    the whole tensor (one ``all_sum`` of the local amaxes per group, all layers
     batched),
     not over the local shard. Every rank must call this (collective when
     ``global_scale`` is requested). mlx-lm MoE experts split in place by the model's plan
@@ -476,12 +491,7 @@ def quantize(
     mods = {p: m for p, m, *_ in todo}
     for group, paths in by_group.values():
         local = mx.stack([mx.max(mx.abs(mods[p].weight.astype(mx.float32))) for p in paths])
-        # all_gather + max rather than all_max: all_gather exists on every backend.
-        total = (
-            mx.max(mx.distributed.all_gather(local[None], group=group), axis=0)
-            if group.size() > 1
-            else local
-        )
+        total = group_max(local, group)
         mx.eval(total)
         for i, p in enumerate(paths):
             amax[p] = total[i]

@@ -180,9 +180,9 @@ def _barrier(group):
 
 
 def _slowest(seconds: float, group) -> float:
-    if group.size() == 1:
-        return seconds
-    return mx.distributed.all_gather(mx.array([seconds]), group=group).max().item()
+    from ..distributed import group_max
+
+    return group_max(mx.array(seconds), group).item()
 
 
 def time_decode(model, prompt, steps):
@@ -260,15 +260,17 @@ def compare(one_path: str, many_path: str) -> str:
         print(f"WARNING: different runs ({one['preset']} x {one['layers']} vs {many['preset']} x {many['layers']} "
               "layers): scaling of ms per token per layer", file=sys.stderr)
     lines = [f"{many['preset']}: {many['ranks']} ranks ({many['backend']}) over 1, {many['layers']} layers",
-             "", "| impl | phase | 1 rank ms/token/layer | n ranks | speedup | vs mlx_nvfp4 on n ranks |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "", "| impl | phase | 1 rank ms/token/layer | n ranks | speedup | vs mlx_nvfp4 on n ranks "
+             "| weight GB/s per rank (decode: every weight read once per token) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for impl in many["results"]:
         for phase in many["results"][impl].get("real", {}):
             a = _ms_per_token(one["results"][impl]["real"], phase) / one["layers"]
             b = _ms_per_token(many["results"][impl]["real"], phase) / many["layers"]
             base = many["results"].get("mlx_nvfp4", {}).get("real", {}).get(phase)
             vs = (_ms_per_token(many["results"]["mlx_nvfp4"]["real"], phase) / many["layers"]) / b if base else math.nan
-            lines.append(f"| {impl} | {phase} | {a:.4g} | {b:.4g} | {a / b:.2f}x | {vs:.2f}x |")
+            gbps = many["weight_bytes_per_rank"][impl] / (b * many["layers"]) / 1e6 if phase == "decode" else math.nan
+            lines.append(f"| {impl} | {phase} | {a:.4g} | {b:.4g} | {a / b:.2f}x | {vs:.2f}x | {gbps:.4g} |")
     return "\n".join(lines)
 
 
