@@ -32,8 +32,9 @@ def driver(tmp_path_factory):
     return run
 
 
-def plan_full(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-", wgmma=0, wg="-"):
-    (res,) = driver(f"plan {n} {k} {m} {dtype} {vec} {staged} {path} {tc} {wgmma} {wg}")
+def plan_full(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-", wgmma=0, wg="-", mode="nvfp4"):
+    cmd = "plan" if mode == "nvfp4" else f"plan_{mode}"
+    (res,) = driver(f"{cmd} {n} {k} {m} {dtype} {vec} {staged} {path} {tc} {wgmma} {wg}")
     kind, mt, rt, kw, st, tile_m, splits = res
     return kind, f"{mt}/{rt}/{kw}", st == "1", f"{tile_m}/{splits}"
 
@@ -113,6 +114,7 @@ def test_wgmma_is_opt_in(driver, m):
 
 def test_wgmma_override_needs_its_conditions(driver):
     assert plan_full(driver, 8192, 8192, 64, wgmma=0, path="wgmma")[0] == "tc"  # loads not ok: automatic
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", mode="mxfp4")[0] == "dequant"  # E8M0 scales
     assert plan_full(driver, 8192, 8192, 64, "f32", wgmma=1, path="wgmma")[0] == "dequant"  # fp32 x
 
 
@@ -146,3 +148,13 @@ def test_wgmma_load_conditions(driver):
     assert driver("loads 4224 2112 264 1024 2048 4096")[0][2] == "0"  # scale rows not in 16-byte units
     assert driver("loads 4096 2048 256 1024 2056 4096")[0][2] == "0"  # weights not 16-byte aligned
     assert driver("loads 4096 2048 256 1024 2048 4104")[0][2] == "0"  # scales not 16-byte aligned
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("m", [1, 8, 32, 33, 512])
+def test_mxfp4_never_takes_the_tensor_core_kernels(driver, dtype, m):
+    """The tensor-core kernels decode E4M3 scales only: MXFP4 runs SIMT up to kSimtMaxM (32), then
+    dequantize + cuBLASLt, even when forced to tc."""
+    want = "simt" if m <= 32 else "dequant"
+    assert plan(driver, 4096, 4096, m, dtype, mode="mxfp4")[0] == want
+    assert plan(driver, 4096, 4096, m, dtype, path="tc", mode="mxfp4")[0] == want

@@ -163,13 +163,19 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
   }
-  const bool wgmma_ok = half_x && wgmma && dev.wgmma;
+  // The tensor-core kernels read NVFP4 scales only: MXFP4 takes the SIMT kernel at small M and
+  // dequantize + cuBLASLt above.
+  const bool tc_ok = half_x && p.mode == fp4::kModeNvfp4;
+  if (!tc_ok && plan.path == Path::kTensorCore) {
+    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
+  }
+  const bool wgmma_ok = tc_ok && wgmma && dev.wgmma;  // E4M3 scales too
   plan.wg = auto_wgmma_config(p, dev);
   if (wgmma_ok && kWgmmaMaxM > 0 && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {
     if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
     if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;
-    if (!std::strcmp(path_override, "tc") && half_x) plan.path = Path::kTensorCore;
+    if (!std::strcmp(path_override, "tc") && tc_ok) plan.path = Path::kTensorCore;
     if (!std::strcmp(path_override, "wgmma") && wgmma_ok) plan.path = Path::kWgmma;
   }
   TcConfig forced;

@@ -3,6 +3,7 @@
 //   plan N K M dtype(bf16|f16|f32) vec(0|1) staged(0|1) [path_override|-] [tc_override|-] [wgmma(0|1)]
 //        [wgmma_override|-]
 //     -> "path mt rt kw staged tile_m splits"   (path: simt | tc | dequant | wgmma)
+//   plan_mxfp4 ...: the same for MXFP4 scales
 //   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
 //     -> "vector staged wgmma"           (vector_loads_ok, staged_loads_ok, wgmma_loads_ok)
 // Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90, the wgmma kernel built).
@@ -37,7 +38,8 @@ int main() {
     std::string what;
     in >> what;
     fp4::W4A16Problem p{};
-    if (what == "plan") {
+    if (what == "plan" || what == "plan_mxfp4") {
+      p.mode = what == "plan" ? fp4::kModeNvfp4 : fp4::kModeMxfp4;
       std::string dt, path_o = "-", tc_o = "-", wg_o = "-";
       int vec = 0, staged = 0, wgmma = 0;
       in >> p.n >> p.k >> p.m >> dt >> vec >> staged >> path_o >> tc_o >> wgmma >> wg_o;
