@@ -120,3 +120,13 @@ def test_fused_switch_glu_matches_and_decodes_the_same(device):
     fnn.fuse_switch_glu(model)
     assert isinstance(model.model.layers[1].mlp.switch_mlp, fnn.FP4SwitchGLU)
     same_greedy(greedy(model), greedy(twin), atol=1e-4)
+
+
+def test_quantize_summary_names_the_expert_layers():
+    model = build("mixtral", seed=8)
+    summary = fnn.quantize(model, class_predicate=lambda p, m: "layers.1" not in p, progress=False)
+    switch = "model.layers.{}.block_sparse_moe.switch_mlp.{}"
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        assert summary.converted[switch.format(0, proj)].startswith("quantized")
+        assert switch.format(0, proj) in summary.errors
+        assert summary.skipped[switch.format(1, proj)] == "class_predicate returned False"

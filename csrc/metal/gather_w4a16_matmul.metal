@@ -38,7 +38,7 @@ template <typename XT, typename OutT>
     for (int i = int(lane); i < p.m * R; i += kMetalSimdWidth) {
       const int col = n0 + i % R;
       if (col < p.n) {
-        out[(long(pair) * p.m + i / R) * p.n + col] = OutT(NAN);
+        out[(long(pair) * p.m + i / R) * p.n + col] = OutT(fp4_math::bits_to_float(0x7FC00000u));  // NaN
       }
     }
     return;

@@ -2,7 +2,8 @@
 
 python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
 python -m mlx_fp4.bench metal-report [...]: correctness + speed report for Apple GPUs (bench/metal_report.py).
-python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py)."""
+python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py).
+python -m mlx_fp4.bench sharded [...]: tensor-parallel decode/prefill under mlx.launch (bench/sharded.py)."""
 
 import argparse
 import math
@@ -50,7 +51,7 @@ def parse_args(argv=None):
 
 
 # Subcommands, each a module of this package with its own main(argv).
-SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe"}
+SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe", "sharded": "sharded"}
 
 
 def main(argv=None) -> int:
