@@ -17,6 +17,9 @@
 #   fullbench  python -m mlx_fp4.bench --device gpu on 8192x8192, 14336x4096, 4096x14336, M = 1..8192
 #              (JSON + PNG + table in $OUT/bench; BENCH_ARGS adds options)
 #   sanitizer  compute-sanitizer memcheck over the kernel harness checks and the GPU matmul tests
+#   moe        csrc/cuda/gather_kernel_harness.cu (check, kernel-time bench), the gathered (MoE) tests
+#              on the GPU (automatic kernel choice, then each kernel forced) and
+#              python -m mlx_fp4.bench moe (BENCH_MOE_ARGS)
 #   decode     python -m mlx_fp4.bench decode (Llama-3-8B shapes; DECODE_ARGS replaces the defaults
 #              --preset llama3-8b --layers 8 16 32), JSON + PNG + table in $OUT/decode
 #   overhead   scripts/gpu_op_overhead.py: host cost per call and chained products through MLX
@@ -129,6 +132,26 @@ step_tests() {
         tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
     fi
   done
+  return $rc
+}
+
+# The gathered (MoE) op: its tests on the GPU with the automatic kernel choice and each CUDA kernel
+# forced (MLX_FP4_CUDA_GATHER_PATH), then the MoE bench (BENCH_MOE_ARGS).
+step_moe() {
+  local rc=0 path kobj
+  # The kernel harness (no MLX): checks, then kernel time vs a load-only read of the same experts.
+  kobj="$(find build/gpu -name 'gather_w4a16_matmul.cu.o' 2>/dev/null | head -1)"
+  [ -n "$kobj" ] || kobj=csrc/cuda/gather_w4a16_matmul.cu
+  nvcc -O3 -std=c++17 -arch="sm_$SM" -Icsrc csrc/cuda/gather_kernel_harness.cu "$kobj" -lcuda \
+    -o build/gpu/gather_kernel_harness && build/gpu/gather_kernel_harness check bench || rc=1
+  export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
+  "$PY" -m pytest -q -p no:cacheprovider --capture=sys --tb=short -rf tests/test_gather.py \
+    tests/test_gather_transforms.py tests/test_moe_e2e.py || rc=1
+  for path in simt tc; do
+    echo "== MLX_FP4_CUDA_GATHER_PATH=$path"
+    MLX_FP4_CUDA_GATHER_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_gather.py || rc=1
+  done
+  "$PY" -m mlx_fp4.bench moe --device gpu ${BENCH_MOE_ARGS:---budget 5 --repeats 10} --out "$OUT/moe" || rc=1
   return $rc
 }
 

@@ -138,9 +138,16 @@ def test_forced_narrower_builds(isa):
 
 
 def test_arm64_picks_neon():
-    """An AArch64 build runs the NEON hot loops (tools/test_arm64.sh runs this under emulation)."""
+    """An AArch64 build runs the NEON hot loops (tools/test_arm64.sh runs this under emulation), and
+    they give the portable build's bits: the same decoded values and the same FMA order per output."""
     import platform
 
     if platform.machine().lower() not in ("aarch64", "arm64"):
         pytest.skip("not an AArch64 machine")
-    assert _run_child({})["hot_loops"] == "neon"
+    neon = _run_child({})
+    assert neon["hot_loops"] == "neon"
+    generic = _run_child({"MLX_FP4_CPU_ISA": "generic"})
+    assert generic["hot_loops"] == "generic-128"
+    for key, bits in neon.items():
+        if key != "hot_loops":
+            assert bits == generic[key], key

@@ -141,6 +141,31 @@ def test_same_bytes_as_mx_gather_qmm(device, sort):
     assert_close(ours, ref.to_numpy(theirs), MLX_GATHER_QMM_TOL * (mag + 1.0), what="vs mx.gather_qmm")
 
 
+@pytest.mark.parametrize("case", ["lhs+rhs", "batch-dims", "no-indices"])
+def test_index_forms_same_as_mx_gather_qmm(device, case):
+    """lhs and rhs indices together (repeats included), 2-D batch dims of x and w, and no indices,
+    on MLX's own bytes: the same output shape as mx.gather_qmm and values within MLX's accuracy."""
+    g = rng("mlx-forms", case)
+    wf = mx.array(g.standard_normal((6, 32, 64)).astype(np.float32))
+    wq, sq = mx.quantize(wf, mode="nvfp4")[:2]
+    kw = {}
+    if case == "lhs+rhs":
+        x = rand_x((4, 2, 64), mx.float32, g)
+        kw = dict(lhs_indices=mx.array([[0], [3], [3]]), rhs_indices=mx.array([[5, 0, 5, 2]]))
+    elif case == "batch-dims":
+        wq, sq = wq.reshape(2, 3, 32, -1), sq.reshape(2, 3, 32, -1)
+        x = rand_x((2, 3, 1, 64), mx.float32, g)
+        kw = dict(rhs_indices=mx.array([[4, 1, 1], [0, 5, 2]]))
+    else:
+        x = rand_x((6, 3, 64), mx.float32, g)
+    ours = mx_fp4.gather_w4a16_matmul(x, wq, sq, **kw)
+    theirs = mx.gather_qmm(x, wq, sq, transpose=True, mode="nvfp4", **kw)
+    assert ours.shape == theirs.shape
+    check_gather(ours, x, wq, sq, lhs=kw.get("lhs_indices"), rhs=kw.get("rhs_indices"))
+    _, mag = gref.gather_matmul_with_magnitude(x, wq, sq, kw.get("lhs_indices"), kw.get("rhs_indices"))
+    assert_close(ours, ref.to_numpy(theirs), MLX_GATHER_QMM_TOL * (mag + 1.0), what=f"{case} vs mx.gather_qmm")
+
+
 def test_reference_ops_match(device):
     g = rng("refops")
     w, s = experts(4, 24, 40, g)

@@ -111,3 +111,26 @@ def test_missing_expert_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MODELS["qwen3_moe"]))
     with pytest.raises(ValueError, match=r"experts\.3\.up_proj|up_proj.*expert"):
         fnn.load_model(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_save_nvfp4_moe_loads_in_stock_mlx_lm_and_back(tmp_path, name):
+    """save_nvfp4 of a model with FP4SwitchLinear experts writes what mlx_lm.load reads (its nvfp4
+    QuantizedSwitchLinear, the same tokens), and mx_fp4.nn.load_model reads it back as FP4."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+    from mlx_lm.utils import load_model
+
+    from mlx_fp4.checkpoints import save_nvfp4
+
+    model = build(name, seed=9)
+    fnn.quantize(model, global_scale=False, progress=False)  # stock mlx-lm takes no global scales
+    save_nvfp4(tmp_path / "m", model, config=MODELS[name])
+    stock, cfg = load_model(tmp_path / "m")
+    assert cfg["quantization"]["mode"] == "nvfp4"
+    experts = [m for _, m in stock.named_modules() if isinstance(m, QuantizedSwitchLinear)]
+    assert len(experts) == 3 * MODELS[name]["num_hidden_layers"] and all(m.mode == "nvfp4" for m in experts)
+    want = greedy(model)
+    same_greedy(greedy(stock), want, atol=1e-4)  # float32 model: MLX's kernels agree closely
+    back, _ = fnn.load_model(tmp_path / "m")
+    assert sum(isinstance(m, fnn.FP4SwitchLinear) for _, m in back.named_modules()) == len(experts)
+    same_greedy(greedy(back), want, atol=1e-6)

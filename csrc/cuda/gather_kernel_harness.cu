@@ -1,0 +1,346 @@
+// Standalone check and timing of the CUDA gathered (MoE) kernels, without MLX
+// (scripts/gpu_check.sh step moe builds it):
+//   check: plan + GEMV and plan + tensor cores against a double-precision host sum of the exact
+//          decoded weights (fp4_format.h), sorted / unsorted / repeated experts, M > 1, ragged K,
+//          per-expert multipliers, out-of-range pairs (NaN rows);
+//   bench: Qwen3-30B-A3B expert shapes (128 experts, top-8; 768 x 2048 and 2048 x 768), kernel
+//          time of plan + kernel in a CUDA graph with fresh routing per call, next to the read rate
+//          of a load-only kernel over the same active experts' bytes.
+// Usage: gather_kernel_harness [check] [bench]. Exit code 1 on a failed check.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gather_w4a16_kernels.h"
+
+using namespace mlx_fp4::cuda;
+
+namespace {
+
+// Stops on the first CUDA error, naming the call.
+void check_cuda(cudaError_t e, const char* call, int line) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "gather_kernel_harness.cu:%d %s: %s\n", line, call, cudaGetErrorString(e));
+  std::exit(2);
+}
+#define CK(x) check_cuda((x), #x, __LINE__)
+
+
+int g_failures = 0;
+
+template <typename T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  CK(cudaMalloc(&d, std::max<size_t>(1, h.size() * sizeof(T))));
+  if (!h.empty()) CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void run(const Launch& l, GatherArgs& a, cudaStream_t s) {
+  void* params[] = {&a};
+  if (cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
+                     reinterpret_cast<CUstream>(s), params, nullptr) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuLaunchKernel failed\n");
+    std::exit(2);
+  }
+}
+
+// One random problem on the device: bf16 x [batches, m, k], experts [e, n, k/2 bytes], fp32 out.
+struct Problem {
+  fp4::GatherW4A16Problem g{};
+  std::vector<uint16_t> x;  // bf16 bits
+  std::vector<uint8_t> w, s;
+  std::vector<uint32_t> lhs, rhs;
+  std::vector<float> mult;
+  GatherArgs a{};
+  int32_t* ws = nullptr;
+
+  Problem(int64_t e, int64_t n, int64_t k, int64_t m, int64_t batches, std::vector<uint32_t> l,
+          std::vector<uint32_t> r, bool per_expert, std::mt19937& rng)
+      : lhs(std::move(l)), rhs(std::move(r)) {
+    fp4::W4A16Problem& p = g.mm;
+    p.m = m, p.n = n, p.k = k;
+    p.w_row_bytes = fp4::packed_bytes_for_k(k);
+    p.scale_row_bytes = fp4::scale_blocks_for_k(k);
+    p.x_dtype = fp4::kDtypeBF16;
+    p.out_dtype = fp4::kDtypeF32;
+    p.has_global_scale = 1;
+    g.pairs = static_cast<int64_t>(lhs.size());
+    g.x_batches = batches;
+    g.experts = e;
+    g.w_expert_bytes = n * p.w_row_bytes;
+    g.scale_expert_bytes = n * p.scale_row_bytes;
+    g.multiplier_per_expert = per_expert ? 1 : 0;
+    std::uniform_int_distribution<int> byte(0, 255), scale(0x18, 0x47);
+    std::normal_distribution<float> normal;
+    x.resize(batches * m * k);
+    for (auto& v : x) {
+      const __nv_bfloat16 b = __float2bfloat16_rn(normal(rng));
+      std::memcpy(&v, &b, 2);
+    }
+    w.resize(e * g.w_expert_bytes);
+    for (auto& v : w) v = static_cast<uint8_t>(byte(rng));
+    if (k % 2) {  // padding nibbles past K stay 0
+      for (int64_t row = 0; row < e * n; ++row) w[row * p.w_row_bytes + p.w_row_bytes - 1] &= 0x0F;
+    }
+    s.resize(e * g.scale_expert_bytes);
+    for (auto& v : s) v = static_cast<uint8_t>(scale(rng));
+    mult.resize(per_expert ? e : 1);
+    for (auto& v : mult) v = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng);
+  }
+
+  // Uploads the inputs and the workspace; `tc` picks the kernel.
+  void upload(bool tc) {
+    a.x = to_device(x);
+    a.w = to_device(w);
+    a.scales = to_device(s);
+    a.lhs = to_device(lhs);
+    a.rhs = to_device(rhs);
+    a.multiplier = to_device(mult);
+    CK(cudaMalloc(&a.out, std::max<int64_t>(1, fp4::gather_out_rows(g) * g.mm.n) * sizeof(float)));
+    const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
+    CK(cudaMalloc(&ws, words * sizeof(int32_t)));
+    a.workspace = ws;
+    a.use_tc = tc ? 1 : 0;
+    a.g = g;
+  }
+
+  void launch(cudaStream_t st) {
+    run(gather_plan_launch(g), a, st);
+    const bool vec = vector_loads_ok(g.mm, a.x, a.w);
+    run(a.use_tc ? gather_tc_launch(g, vec) : gather_gemv_launch(g, vec), a, st);
+  }
+
+  ~Problem() {
+    for (const void* p : {a.x, static_cast<const void*>(a.w), static_cast<const void*>(a.scales),
+                          static_cast<const void*>(a.lhs), static_cast<const void*>(a.rhs),
+                          static_cast<const void*>(a.multiplier), static_cast<const void*>(a.out),
+                          static_cast<const void*>(ws)}) {
+      if (p) cudaFree(const_cast<void*>(p));
+    }
+  }
+};
+
+float bf16_value(uint16_t bits) {
+  uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Double sum over exact decoded weights; NaN rows for out-of-range pairs.
+void check(const std::string& name, Problem& pr, bool tc) {
+  pr.upload(tc);
+  pr.launch(0);
+  CK(cudaDeviceSynchronize());
+  const auto& g = pr.g;
+  const int64_t M = g.mm.m, N = g.mm.n, K = g.mm.k;
+  std::vector<float> out(fp4::gather_out_rows(g) * N);
+  CK(cudaMemcpy(out.data(), pr.a.out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  for (int64_t p = 0; p < g.pairs; ++p) {
+    const bool ok = pr.lhs[p] < uint32_t(g.x_batches) && pr.rhs[p] < uint32_t(g.experts);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t n = 0; n < N; ++n) {
+        const float got = out[(p * M + r) * N + n];
+        if (!ok) {
+          bad += !std::isnan(got);
+          continue;
+        }
+        const int64_t e = pr.rhs[p];
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t byte = pr.w[e * g.w_expert_bytes + n * g.mm.w_row_bytes + k / 2];
+          const double wv = fp4::e2m1_to_float(k % 2 ? byte >> 4 : byte & 0xF) *
+                            fp4::e4m3_to_float(pr.s[e * g.scale_expert_bytes + n * g.mm.scale_row_bytes + k / 16]);
+          const double xv = bf16_value(pr.x[(pr.lhs[p] * M + r) * K + k]);
+          acc += xv * wv;
+          mag += std::fabs(xv * wv);
+        }
+        const double c = pr.mult[g.multiplier_per_expert ? e : 0];
+        const double tol = 4 * K * 6e-8 * mag * c + 1e-30;
+        bad += !(std::fabs(got - acc * c) <= tol);
+      }
+  }
+  std::printf("check %-28s %-4s pairs %4lld  %s\n", name.c_str(), tc ? "tc" : "gemv", (long long)g.pairs,
+              bad ? "FAILED" : "ok");
+  if (bad) {
+    std::printf("  %lld bad outputs\n", (long long)bad);
+    ++g_failures;
+  }
+}
+
+std::vector<uint32_t> iota_u32(int64_t n, uint32_t div = 1) {
+  std::vector<uint32_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = uint32_t(i / div);
+  return v;
+}
+
+std::vector<uint32_t> random_experts(int64_t n, int64_t e, bool sorted, std::mt19937& rng) {
+  std::vector<uint32_t> v(n);
+  for (auto& x : v) x = std::uniform_int_distribution<uint32_t>(0, uint32_t(e - 1))(rng);
+  if (sorted) std::sort(v.begin(), v.end());
+  if (n > 1) v[1] = v[0];  // a repeated expert
+  return v;
+}
+
+void run_checks() {
+  std::mt19937 rng(7);
+  for (bool tc : {false, true}) {
+    {
+      Problem p(8, 64, 256, 1, 12, iota_u32(24, 2), random_experts(24, 8, false, rng), true, rng);
+      check("decode top-2 unsorted", p, tc);
+    }
+    {
+      Problem p(3, 40, 96, 1, 70, iota_u32(70), random_experts(70, 3, true, rng), false, rng);
+      check("sorted, large groups", p, tc);
+    }
+    {
+      Problem p(4, 33, 17, 3, 5, random_experts(9, 5, false, rng), random_experts(9, 4, false, rng), true, rng);
+      check("lhs, M = 3, K = 17", p, tc);
+    }
+    {
+      std::vector<uint32_t> l = iota_u32(6), r = random_experts(6, 4, false, rng);
+      l[2] = 99, r[4] = 7;  // out of range: NaN rows, nothing read
+      Problem p(4, 24, 128, 1, 6, l, r, true, rng);
+      check("out-of-range pairs", p, tc);
+    }
+  }
+}
+
+__global__ void read_kernel(const uint4* const* rows, int64_t n_rows, int64_t row_words, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_rows * row_words;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(rows[i / row_words] + i % row_words);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads
+}
+
+template <typename F>
+double graph_us(F fn, int iters, cudaStream_t s) {
+  fn(0);
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < iters; ++i) fn(i);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, s));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < 3; ++r) {
+    CK(cudaEventRecord(e0, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return 1e3 * best / iters;
+}
+
+void run_bench() {
+  constexpr int kExperts = 128, kTop = 8, kRoutings = 16;
+  std::mt19937 rng(11);
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  std::printf("bench,n,k,tokens,kernel,us,active_MB,GBps,read_only_GBps,pct_of_read\n");
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}}) {
+    for (int64_t tokens : {1, 4, 16, 512, 2048}) {
+      const int64_t pairs = tokens * kTop;
+      const bool sorted = pairs >= 64;
+      // Routings: distinct top-8 experts per token; prefill sorted by expert as mlx-lm does.
+      std::vector<std::vector<uint32_t>> routes(kRoutings);
+      for (auto& r : routes) {
+        for (int64_t t = 0; t < tokens; ++t) {
+          std::vector<uint32_t> perm(kExperts);
+          std::iota(perm.begin(), perm.end(), 0u);
+          std::shuffle(perm.begin(), perm.end(), rng);
+          r.insert(r.end(), perm.begin(), perm.begin() + kTop);
+        }
+        if (sorted) std::sort(r.begin(), r.end());
+      }
+      Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
+                routes[0], true, rng);
+      const bool planned_tc = gather_use_tc(p.g);
+      p.upload(false);
+      std::vector<uint32_t*> d_routes;
+      for (auto& r : routes) d_routes.push_back(to_device(r));
+      // Both kernels at every point (the plan's crossover comes from these lines).
+      double us_of[2];
+      for (int tc = 0; tc < 2; ++tc) {
+        p.a.use_tc = tc;
+        us_of[tc] = graph_us([&](int i) {
+          p.a.rhs = d_routes[i % kRoutings];
+          p.launch(st);
+        }, 2 * kRoutings, st);
+      }
+      // Active bytes (mean over routings) and the read-only rate over the same experts' rows,
+      // rotating over the same routings (so neither run finds its experts in L2 from the last).
+      double active = 0;
+      std::vector<const uint4**> d_rows;
+      std::vector<int64_t> n_rows;
+      for (auto& r : routes) {
+        std::vector<uint32_t> u(r);
+        std::sort(u.begin(), u.end());
+        u.erase(std::unique(u.begin(), u.end()), u.end());
+        active += double(u.size()) * (p.g.w_expert_bytes + p.g.scale_expert_bytes) / kRoutings;
+        std::vector<const uint4*> rows;
+        for (uint32_t e : u)
+          for (int64_t row = 0; row < n; ++row)
+            rows.push_back(reinterpret_cast<const uint4*>(p.a.w + e * p.g.w_expert_bytes + row * p.g.mm.w_row_bytes));
+        d_rows.push_back(to_device(rows));
+        n_rows.push_back(static_cast<int64_t>(rows.size()));
+      }
+      uint32_t* sink = to_device(std::vector<uint32_t>(1));
+      const int64_t row_words = p.g.mm.w_row_bytes / 16;
+      const double read_us = graph_us([&](int i) {
+        read_kernel<<<1024, 256, 0, st>>>(d_rows[i % kRoutings], n_rows[i % kRoutings], row_words, sink);
+      }, 2 * kRoutings, st);
+      const double mean_rows = std::accumulate(n_rows.begin(), n_rows.end(), 0.0) / kRoutings;
+      const double read_gbps = mean_rows * p.g.mm.w_row_bytes / read_us / 1e3;
+      for (int tc = 0; tc < 2; ++tc) {
+        const double gbps = active / us_of[tc] / 1e3;
+        std::printf("bench,%lld,%lld,%lld,%s%s,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,
+                    (long long)tokens, tc ? "tc" : "gemv", tc == planned_tc ? " (plan)" : "", us_of[tc], active / 1e6,
+                    gbps, read_gbps, 100 * gbps / read_gbps);
+      }
+      for (auto* d : d_routes) cudaFree(d);
+      for (auto* d : d_rows) cudaFree(d);
+      cudaFree(sink);
+      p.a.rhs = nullptr;  // freed above (routes[0] copy is separate)
+    }
+  }
+  cudaStreamDestroy(st);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool do_check = argc == 1, do_bench = false;
+  for (int i = 1; i < argc; ++i) {
+    do_check |= std::strcmp(argv[i], "check") == 0;
+    do_bench |= std::strcmp(argv[i], "bench") == 0;
+  }
+  if (do_check) run_checks();
+  if (do_bench) run_bench();
+  if (g_failures) std::printf("%d checks FAILED\n", g_failures);
+  return g_failures ? 1 : 0;
+}
