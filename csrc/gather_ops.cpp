@@ -309,7 +309,7 @@ mx::array gather_w4a16_matmul(
     }
   }
   const bool kernel = mx::to_stream(s).device != mx::Device::gpu ||
-                      (gather_gpu_kernel_available() && c.in.mode == fp4::kModeNvfp4);  // GPU gathers: nvfp4
+                      (gather_gpu_kernel_available() && gather_gpu_kernel_supports_mode(c.in.mode));
   const bool mlx_layout = x.shape(-1) % fp4::block_size(c.in.mode) == 0;
   auto y = kernel       ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
            : mlx_layout ? gather_mlx_route(c.in, chain, c.out_dtype, c.sorted_rhs, s)

@@ -475,11 +475,11 @@ def _switch_layer(k, n, e, *, bias, seed):
     return layer
 
 
-def _check_gather_ref(out, x, w, s, idx, gs, epilogue=None):
+def _check_gather_ref(out, x, w, s, idx, gs, epilogue=None, mode="nvfp4"):
     import gather_reference as gref
     from common import TOLERANCES, assert_close, error_bound
 
-    acc, mag = gref.gather_matmul_with_magnitude(x, w, s, rhs=idx, global_scale=gs)
+    acc, mag = gref.gather_matmul_with_magnitude(x, w, s, rhs=idx, global_scale=gs, mode=mode)
     y, bound = error_bound(acc, mag, x.shape[-1], TOLERANCES[(x.dtype, out.dtype)], epilogue, gs)
     assert_close(out, y, bound, what="sharded FP4SwitchLinear")
 
@@ -534,7 +534,32 @@ def check_switch_shard_inplace(group):
         msg = str(err)
     assert "16-element" in msg and "block" in msg, msg
     assert tuple(bad.weight.shape) == (e, 16, 6), "a failed shard_inplace must not modify"
-    return {"rows": "ok", "k": "ok", "k_error": msg}
+
+    # mxfp4 experts (32-element blocks, no global scale): K=128 -> 64 per rank; K=96 -> 48 raises
+    from mlx_fp4.nn import FP4Linear, FP4SwitchLinear
+
+    mx.random.seed(6)
+    mx_layer = FP4SwitchLinear(128, 24, e, bias=False, mode="mxfp4")
+    mx_ref = FP4SwitchLinear.from_arrays(mx_layer.weight, mx_layer.scales, mode="mxfp4")
+    xm = common.rand_x((t, 1, 1, 128), mx.float32, g)
+    D.shard_inplace(mx_layer, "sharded-to-all", group=group)
+    y_mx = mx.distributed.all_sum(mx_layer(xm[..., r * 64 : (r + 1) * 64], idx), group=group)
+    mx.eval(y_mx)
+    assert tuple(mx_layer.scales.shape) == (e, 24, 64 // 32)
+    _check_gather_ref(y_mx, xm, mx_ref.weight, mx_ref.scales, idx, None, mode="mxfp4")
+    errors = {}
+    for name, fn in (
+        ("mxfp4_k", lambda: D.shard_inplace(FP4SwitchLinear(96, 8, e, bias=False, mode="mxfp4"), "sharded-to-all", group=group)),
+        ("mxfp4_linear", lambda: D.shard_linear(FP4Linear(64, 32, mode="mxfp4"), "all-to-sharded", group=group)),
+    ):
+        try:
+            fn()
+            errors[name] = "no error"
+        except ValueError as err:
+            errors[name] = str(err)
+    assert "32-element MXFP4 block" in errors["mxfp4_k"], errors
+    assert "mode='nvfp4' only" in errors["mxfp4_linear"], errors
+    return {"rows": "ok", "k": "ok", "mxfp4_k": "ok", "k_error": msg, **errors}
 
 
 def _moe_shard_types(model, n_ranks):

@@ -36,13 +36,12 @@ DTYPE_NAME = {mx.float32: "float32", mx.bfloat16: "bfloat16", mx.float16: "float
 
 
 def mlx_routed(gather, k, m=1):
-    """GPU calls our GPU kernels do not cover yet run MLX's own mxfp4 kernel (the gathered op on
-    every GPU; w4a16_matmul on Metal past the GEMV's 16 rows, or from 9 rows on M5) when K fits its
-    layout; it rounds to x's dtype, so those are held to MLX_GATHER_QMM_TOL. The CUDA
-    w4a16_matmul kernels, the Metal GEMV and the CPU keep the fp32 table."""
-    on_gpu = mx.default_device() == mx.gpu
-    metal_mlx = mx.metal.is_available() and m >= 9
-    return on_gpu and k % 32 == 0 and (gather or metal_mlx)
+    """Metal calls our Metal kernels do not cover yet run MLX's own mxfp4 kernel (the gathered op;
+    w4a16_matmul past the GEMV's 16 rows, or from 9 rows on M5) when K fits its layout; it rounds
+    to x's dtype, so those are held to MLX_GATHER_QMM_TOL. CUDA (SIMT, dequantize + cuBLASLt, the
+    gathered GEMV), the Metal GEMV and the CPU keep the fp32 table."""
+    on_metal = mx.default_device() == mx.gpu and mx.metal.is_available()
+    return on_metal and k % 32 == 0 and (gather or m >= 9)
 
 
 def check_mx_matmul(out, x, w, s, **kw):

@@ -242,11 +242,11 @@ def _switch_back(m: nn.Module, source: FP4SwitchLinear, path: str) -> Optional[n
         return source  # not split
     where = f"{path}: [mlx_fp4.distributed.shard_model]"
     e, n, words = w.shape
-    if scales.shape[:2] != (e, n) or scales.shape[2] * GROUP_SIZE != words * (32 // BITS):
+    if scales.shape[:2] != (e, n) or scales.shape[2] * source.group_size != words * (32 // BITS):
         raise ValueError(
             f"{where} the model's plan split the experts' weight {tuple(w.shape)} and scales "
-            f"{tuple(scales.shape)} inconsistently (K off the 16-element NVFP4 blocks); split K on "
-            "block boundaries."
+            f"{tuple(scales.shape)} inconsistently (K off the {source.group_size}-element {source.mode} "
+            "blocks); split K on block boundaries."
         )
     gs = source.get("global_scale")
     if gs is not None and e != source.num_experts:
@@ -254,14 +254,14 @@ def _switch_back(m: nn.Module, source: FP4SwitchLinear, path: str) -> Optional[n
             f"{where} the model's plan split the experts ({source.num_experts} -> {e}); the "
             "per-expert global scales cannot follow it here: use mlx_fp4.distributed.shard_inplace."
         )
-    return FP4SwitchLinear.from_arrays(w, scales, gs, bias, f"mlx_fp4.distributed.shard_model: {path}")
+    return FP4SwitchLinear.from_arrays(w, scales, gs, bias, f"mlx_fp4.distributed.shard_model: {path}", mode=source.mode)
 
 
 def _split_error(path: str, layer: FP4Linear, n_ranks: int, err: Exception) -> ValueError:
     """The error of a failed ``model.shard()`` at ``path``, in shard_linear's words."""
     try:
         _rank_pieces(layer.input_dims, 1, n_ranks, "mlx_fp4.distributed.shard_model",
-                     "the input (K)", block=GROUP_SIZE)
+                     "the input (K)", block=layer.group_size)
     except ValueError as e:
         return ValueError(f"{path}: {e}")
     return ValueError(f"{path}: {err}")
@@ -334,6 +334,12 @@ def shard_model(model: nn.Module, group: Optional[mx.distributed.Group] = None) 
         )
     group = group or mx.distributed.init()
     sources = {p: m for p, m in model.named_modules() if p and isinstance(m, (FP4Linear, FP4SwitchLinear))}
+    for p, m in sources.items():
+        if isinstance(m, FP4Linear) and m.mode != MODE:
+            raise ValueError(
+                f"{p}: [mlx_fp4.distributed.shard_model] the sharded linear layers hold mode='nvfp4' only "
+                f"but this FP4Linear has mode={m.mode!r} (FP4SwitchLinear experts shard in either mode)."
+            )
     log: list = []
     if sources:
         def proxy(p, m):
@@ -399,7 +405,10 @@ def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
         sel = True if class_predicate is None else class_predicate(path, m)
         if sel is False or sel is None:
             continue
-        gs = sel.get("global_scale", global_scale) if isinstance(sel, dict) else global_scale
+        opts = sel if isinstance(sel, dict) else {}
+        if opts.get("mode", MODE) != MODE:
+            continue  # no global scale outside nvfp4: convert.quantize's per-shard bytes are exact
+        gs = opts.get("global_scale", global_scale)
         if not isinstance(gs, bool):
             raise ValueError(f"[{where}] {path}: global_scale expected True or False but got {gs!r}.")
         if gs:

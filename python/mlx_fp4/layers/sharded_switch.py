@@ -8,7 +8,8 @@ its type and computes this rank's part:
 * rows (axis 1 of ``weight [E, N, K/8]``; MLX's "all-to-sharded"): ``weight``, ``scales`` and
   ``bias [E, N]`` lose the same output rows of every expert;
 * K (axis 2; "sharded-to-all"): ``weight`` words and ``scales`` blocks of every expert, only on
-  16-element NVFP4 block boundaries (else a ValueError on every rank before any communication);
+  block boundaries (16 elements in nvfp4, 32 in mxfp4; else a ValueError on every rank before
+  any communication);
   the bias stays whole, as MLX leaves it (the model's plan divides it, e.g. gpt-oss);
 * experts (axis 0): every per-expert array, ``global_scale [E]`` included, loses the same experts.
 
@@ -56,9 +57,10 @@ def shard_switch_arrays(
         if bias is not None:
             out["bias"] = _take(bias, pieces, -1)
     elif axis in K_AXES:
-        pieces = _rank_pieces(k, segments, n_ranks, where, "the input (K) of the experts", block=GROUP_SIZE)[r]
+        group_size = layer.group_size  # 16 (nvfp4) or 32 (mxfp4): one scale per block
+        pieces = _rank_pieces(k, segments, n_ranks, where, "the input (K) of the experts", block=group_size)[r]
         out["weight"] = _take(out["weight"], pieces, 2, unit=_WORD)
-        out["scales"] = _take(out["scales"], pieces, 2, unit=GROUP_SIZE)
+        out["scales"] = _take(out["scales"], pieces, 2, unit=group_size)
     elif axis in EXPERT_AXES:
         pieces = _rank_pieces(e, segments, n_ranks, where, "the experts (E)")[r]
         for key in ("weight", "scales", "bias", "global_scale"):
