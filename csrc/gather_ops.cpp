@@ -233,6 +233,25 @@ mx::array gather_w4a16_node(
       std::move(inputs));
 }
 
+// fp32 products -> each pair's multiplier, the chain, one cast (the reference and the MLX route).
+static mx::array finish_gather(mx::array y, const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue,
+                        mx::Dtype out_dtype, mx::StreamOrDevice s) {
+  const auto& multiplier = in.multiplier;
+  const auto& rhs = in.rhs;
+  if (multiplier) {
+    if (multiplier->ndim() == 0) {
+      y = mx::multiply(y, *multiplier, s);
+    } else {
+      auto per_pair = mx::take(*multiplier, rhs, 0, s);
+      y = mx::multiply(y, mx::expand_dims(per_pair, {-2, -1}, s), s);
+    }
+  }
+  for (const auto& op : epilogue) {
+    y = apply_op_ops(y, op, s);
+  }
+  return mx::astype(y, out_dtype, s);
+}
+
 mx::array gather_w4a16_reference_canonical(
     const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, mx::StreamOrDevice s) {
   const auto& [x, w, scales, lhs, rhs, multiplier, mode] = in;
@@ -247,18 +266,25 @@ mx::array gather_w4a16_reference_canonical(
   const int x_batches = static_cast<int>(product(x.shape().begin(), x.shape().end() - 2));
   auto xf = mx::reshape(mx::astype(x, mx::float32, s), {x_batches, m, k}, s);
   auto y = mx::gather_mm(xf, mx::swapaxes(wf, -1, -2, s), lhs, rhs, false, s);
-  if (multiplier) {
-    if (multiplier->ndim() == 0) {
-      y = mx::multiply(y, *multiplier, s);
-    } else {
-      auto per_pair = mx::take(*multiplier, rhs, 0, s);
-      y = mx::multiply(y, mx::expand_dims(per_pair, {-2, -1}, s), s);
-    }
-  }
-  for (const auto& op : epilogue) {
-    y = apply_op_ops(y, op, s);
-  }
-  return mx::astype(y, out_dtype, s);
+  return finish_gather(y, in, epilogue, out_dtype, s);
+}
+
+// GPU streams without our kernel for the mode: MLX's own mx::gather_qmm of that mode (its layout
+// needs K a multiple of the block; it rounds to x's dtype, then the chain runs in fp32 as above).
+static mx::array gather_mlx_route(
+    const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, bool sorted_rhs,
+    mx::StreamOrDevice s) {
+  const int k = in.x.shape(-1);
+  const int n = in.w.shape(-2);
+  const int experts = static_cast<int>(product(in.w.shape().begin(), in.w.shape().end() - 2));
+  const int x_batches = static_cast<int>(product(in.x.shape().begin(), in.x.shape().end() - 2));
+  auto words = in.w.dtype() == mx::uint32 ? in.w : mx::view(mx::contiguous(in.w, false, s), mx::uint32, s);
+  words = mx::reshape(words, {experts, n, -1}, s);
+  auto scales = mx::reshape(in.scales, {experts, n, in.scales.shape(-1)}, s);
+  auto x = mx::reshape(in.x, {x_batches, in.x.shape(-2), k}, s);
+  auto y = mx::gather_qmm(x, words, scales, std::nullopt, in.lhs, in.rhs, true, fp4::block_size(in.mode),
+                          fp4::kNibbleBits, mode_name(in.mode), std::nullopt, sorted_rhs, s);
+  return finish_gather(mx::astype(y, mx::float32, s), in, epilogue, out_dtype, s);
 }
 
 mx::array gather_w4a16_matmul(
@@ -283,9 +309,11 @@ mx::array gather_w4a16_matmul(
     }
   }
   const bool kernel = mx::to_stream(s).device != mx::Device::gpu ||
-                      (gather_gpu_kernel_available() && gpu_kernel_supports_mode(c.in.mode));
-  auto y = kernel ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
-                  : gather_w4a16_reference_canonical(c.in, chain, c.out_dtype, s);
+                      (gather_gpu_kernel_available() && gather_gpu_kernel_supports_mode(c.in.mode));
+  const bool mlx_layout = x.shape(-1) % fp4::block_size(c.in.mode) == 0;
+  auto y = kernel       ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
+           : mlx_layout ? gather_mlx_route(c.in, chain, c.out_dtype, c.sorted_rhs, s)
+                        : gather_w4a16_reference_canonical(c.in, chain, c.out_dtype, s);
   return squeeze_if(y, c.squeeze_m, s);
 }
 

@@ -71,6 +71,8 @@ class GatherW4A16Matmul : public mx::Primitive {
 // Whether this build's GPU backend has the gathered kernel (defined next to eval_gpu). Without it
 // the op runs its MLX-ops form on GPU streams.
 bool gather_gpu_kernel_available();
+// Whether those kernels read the scales of an fp4::Mode (without: MLX's own gather_qmm of the mode).
+bool gather_gpu_kernel_supports_mode(int mode);
 
 // The primitive's canonical operands: x, stacked weights, the uint32 indices in one broadcast
 // shape B and the multiplier (global_scale / 2688: [] or [E]).

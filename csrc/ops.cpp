@@ -317,6 +317,8 @@ MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
   return MetalRoute::kOurs;
 }
 
+// MLX's quantized_matmul in the problem's mode (nvfp4: the Metal route above; any mode: the GPU
+// fallback), then the multiplier and the chain in fp32.
 mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
   // MLX's layout: uint32 words [N, K / 8] (a uint8 [N, K / 2] weight is the same bytes).
   mx::array w32 = c.w_bytes.dtype() == mx::uint32
@@ -403,8 +405,10 @@ mx::array w4a16_matmul_with_multiplier(
     case MetalRoute::kOurs:
       break;
   }
-  if (mx::to_stream(s).device == mx::Device::gpu && !gpu_kernel_supports_mode(p.c.mode)) {
-    return reference_graph(p.c, epilogue, s);
+  if (mx::to_stream(s).device == mx::Device::gpu && !gpu_kernel_supports_mode(p.c.mode, p.c.x.size() / p.c.k)) {
+    // No kernel of ours for the mode on this GPU: MLX's own (its layout: K a multiple of the
+    // block), else the MLX-ops form.
+    return p.c.k % fp4::block_size(p.c.mode) == 0 ? mlx_nvfp4_route(p.c, epilogue, s) : reference_graph(p.c, epilogue, s);
   }
   return matmul_node(p, epilogue, s);
 }

@@ -65,9 +65,9 @@ class W4A16Matmul : public mx::Primitive {
   const int mode_;  // fp4::Mode
 };
 
-// Whether this build's GPU backend has W4A16 kernels for an fp4::Mode (defined next to eval_gpu).
-// Without them the op runs its MLX-ops form on GPU streams.
-bool gpu_kernel_supports_mode(int mode);
+// Whether this build's GPU backend has W4A16 kernels for an fp4::Mode at M rows of x (defined next
+// to eval_gpu). Without them the op runs MLX's own kernel or its MLX-ops form on GPU streams.
+bool gpu_kernel_supports_mode(int mode, int64_t m);
 
 // Maps an MLX dtype to the fp4::OperandDtype code kernels understand (throws otherwise).
 int operand_dtype_code(mx::Dtype dtype);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism on 2 NVIDIA GPUs (NCCL): what issue 8 part 4 runs on an nvidia-h200-x2 machine.
+# Tensor parallelism on 2 NVIDIA GPUs (NCCL): what issues 8 (part 4) and 20 run on an nvidia-h200-x2 machine.
 #
 #   bash scripts/gpu_scale_out.sh [STEP ...]     (default steps: build equiv bench report)
 #
@@ -13,6 +13,13 @@
 #           LAYERS blocks (default 8, 3.2 GiB of FP4 weights), bf16 activations, tokens 1..2048: 1 GPU (FP4Linear) vs
 #           2 GPUs (FP4AllToSharded/FP4ShardedToAll, fp32 and bf16 all_sum)
 #   report  $OUT/scale_out.md: the table for the README (speedup of 2 GPUs over 1)
+#   why512  what the 512-token slowdown is made of (issue 20): the same stack with all_sum as the
+#           identity (compute only) at TOKENS, all_sum alone of [M, 8192] fp32/bf16 for M in
+#           1..2048, the 2-GPU stack at 512 with each CUDA path forced (MLX_FP4_CUDA_PATH=tc|dequant),
+#           and NCCL's transport choice (NCCL_DEBUG=INFO: P2P/NVLink or SHM through the host)
+#   sharded python -m mlx_fp4.bench sharded on 1 and 2 GPUs: llama3-8b (whole model), llama3-405b
+#           and deepseek-v3 (--layers auto: what fits one GPU's share), mlx_fp4 vs MLX nvfp4
+#           sharded the same way, communication separated; $OUT/sharded/*.md scaling tables
 #
 # Environment: PY (python with mlx[cuda13]==0.32.4, nanobind 3.x and mlx-lm==0.32.2; default
 # python3), OUT (default ./gpu-scale-out-out), LAYERS, TOKENS, ITERS. NVLink multicast stays off
@@ -28,7 +35,7 @@ ITERS="${ITERS:-20}"
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(build equiv bench report)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(build equiv bench report why512 sharded)
 FAILED=()
 PP="$ROOT/python:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"
 # The launcher as a module: works where pip installed MLX with --target (no bin/mlx.launch).
@@ -66,6 +73,36 @@ step_bench() {
   timeout 900 "${LAUNCH[@]}" "${NCCL_ARGS[@]}" "${common[@]}" --reduce float32 --json "$OUT/bench_2gpu_fp32.json" || return 1
   timeout 900 "${LAUNCH[@]}" "${NCCL_ARGS[@]}" "${common[@]}" --reduce output --json "$OUT/bench_2gpu_bf16.json" || return 1
   for f in bench_1gpu bench_2gpu_fp32 bench_2gpu_bf16; do [ -s "$OUT/$f.json" ] || { echo "missing $f.json"; return 1; }; done
+}
+
+step_why512() {
+  local d="$OUT/why512" common=(scripts/scale_out_bench.py --layers "$LAYERS" --iters "$ITERS")
+  mkdir -p "$d"
+  timeout 900 "${LAUNCH[@]}" "${NCCL_ARGS[@]}" "${common[@]}" --tokens "$TOKENS" --no-comm --json "$d/2gpu_no_comm.json" || return 1
+  timeout 600 "${LAUNCH[@]}" "${NCCL_ARGS[@]}" --env NCCL_DEBUG=INFO --env NCCL_DEBUG_SUBSYS=INIT,GRAPH,P2P \
+    "${common[@]}" --allsum-sweep 1,8,32,128,512,2048 --json "$d/allsum.json" > "$d/allsum_nccl_info.log" 2>&1 || return 1
+  grep -E "via P2P|via SHM|NVLS|Channel 00|Connected all rings" "$d/allsum_nccl_info.log" | head -20
+  grep -E "^all_sum" "$d/allsum_nccl_info.log"
+  for path in tc dequant; do
+    timeout 600 "${LAUNCH[@]}" "${NCCL_ARGS[@]}" --env MLX_FP4_CUDA_PATH=$path "${common[@]}" --tokens 512 \
+      --json "$d/2gpu_512_$path.json" || return 1
+    CUDA_VISIBLE_DEVICES=0 MLX_FP4_CUDA_PATH=$path PYTHONPATH="$PP" "$PY" "${common[@]}" --tokens 512 \
+      --json "$d/1gpu_512_$path.json" || return 1
+  done
+}
+
+step_sharded() {
+  local d="$OUT/sharded" b=(-m mlx_fp4.bench sharded --out "$OUT/sharded")
+  mkdir -p "$d"
+  for preset in llama3-8b llama3-405b deepseek-v3; do
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PP" "$PY" "${b[@]}" --preset "$preset" || return 1
+    # capacity presets: the 2-GPU run holds as many layers per GPU as the 1-GPU run, so the
+    # per-layer scaling compares like with like (--compare divides by the layer count)
+    local layers; layers=$("$PY" -c "import json;print(json.load(open('$d/sharded_${preset}_1rank.json'))['layers'])")
+    timeout 1200 "${LAUNCH[@]}" "${NCCL_ARGS[@]}" "${b[@]}" --preset "$preset" --layers "$layers" --backend nccl || return 1
+    PYTHONPATH="$PP" "$PY" "${b[@]}" --compare "$d/sharded_${preset}_1rank.json" "$d/sharded_${preset}_2rank.json" \
+      | tee "$d/sharded_${preset}.md"
+  done
 }
 
 step_report() {

@@ -17,6 +17,7 @@ measures speed only (tests/distributed_worker.py checks correctness).
 
 import argparse
 import json
+import os
 import platform
 import time
 
@@ -25,6 +26,7 @@ import mlx.core as mx
 import mlx_fp4
 from mlx_fp4 import distributed as D
 from mlx_fp4 import nn as fnn
+from mlx_fp4.bench.sharded import no_comm
 
 
 def build(h, i, layers, group):
@@ -59,6 +61,31 @@ def weight_bytes(blocks):
     return total
 
 
+def allsum_sweep(args, group, dtype):
+    """ms per all_sum of [M, hidden] arrays alone (no compute around it), fp32 and ``dtype``: the
+    cost the sharded-to-all layers add per block, to set against the stack's measured slowdown."""
+    rows = []
+    for m in [int(t) for t in args.allsum_sweep.split(",")]:
+        for dt in dict.fromkeys([mx.float32, dtype]):
+            x = mx.ones((m, args.hidden), dt)
+            mx.eval(x)
+            for _ in range(args.warmup):
+                mx.eval(mx.distributed.all_sum(x, group=group))
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                x = mx.distributed.all_sum(x, group=group) * 0.5  # chained: no two in flight at once
+                mx.eval(x)
+            ms = (time.perf_counter() - t0) / args.iters * 1e3
+            rows.append({"tokens": m, "dtype": str(dt), "bytes": x.nbytes, "ms": ms, "GBps": x.nbytes / ms / 1e6})
+            if group.rank() == 0:
+                print(f"all_sum [{m}, {args.hidden}] {dt}: {ms:.3f} ms ({x.nbytes / ms / 1e6:.1f} GB/s)", flush=True)
+    if group.rank() == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": group.size(), "hidden": args.hidden, "mlx": mx.__version__, "host": platform.node(),
+                       "allsum": rows}, f, indent=1)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=8192)
@@ -75,6 +102,10 @@ def main():
         help="sharded-to-all reduce dtype: float32 (default) or the output dtype",
     )
     ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    ap.add_argument("--no-comm", action="store_true",
+                    help="all_sum as the identity (compute only; with the real run: the communication time)")
+    ap.add_argument("--allsum-sweep", default=None, metavar="M,...",
+                    help="instead: time all_sum alone of [M, hidden] partials (fp32 and the activation dtype)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -95,6 +126,8 @@ def main():
         if n > 1:
             mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
 
+    if args.allsum_sweep:
+        return allsum_sweep(args, group, dtype)
     rows = []
     for m in [int(t) for t in args.tokens.split(",")]:
         x = (mx.random.normal((m, args.hidden)) * 0.1).astype(dtype)
@@ -103,12 +136,13 @@ def main():
             mx.eval(forward(blocks, x))
         barrier()
         t0 = time.perf_counter()
-        for _ in range(args.iters):
-            mx.eval(forward(blocks, x))
+        with no_comm(args.no_comm):
+            for _ in range(args.iters):
+                mx.eval(forward(blocks, x))
         barrier()
         dt = (time.perf_counter() - t0) / args.iters
         if n > 1:  # the slowest rank decides
-            dt = mx.distributed.all_gather(mx.array([dt]), group=group).max().item()
+            dt = D.group_max(mx.array(dt), group).item()
         rows.append(
             {
                 "tokens": m,
@@ -133,6 +167,8 @@ def main():
             "layers": args.layers,
             "dtype": args.dtype,
             "reduce": args.reduce if n > 1 else None,
+            "no_comm": args.no_comm,
+            "env": {k: os.environ[k] for k in ("MLX_USE_CUDA_GRAPHS", "NCCL_NVLS_ENABLE", "MLX_FP4_CUDA_PATH") if k in os.environ},
             "weight_bytes_per_rank": wbytes,
             "mlx": mx.__version__,
             "mlx_fp4": mlx_fp4.__version__,

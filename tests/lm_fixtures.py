@@ -47,3 +47,34 @@ def write_float_model(folder, seed=0, config=CONFIG):
 
 def read_json(path):
     return json.loads(path.read_text())
+
+
+# Greedy decoding of token ids (no tokenizer), for "same tokens as the dequantized model" tests.
+TOKEN_PROMPT = [1, 17, 42, 99, 5, 200, 3, 64, 7, 11]
+GREEDY_STEPS = 8
+
+
+def greedy(model, prompt=TOKEN_PROMPT, steps=GREEDY_STEPS):
+    """(tokens, log-probabilities per step) of mlx-lm's greedy generate_step."""
+    import numpy as np
+    from mlx_lm.generate import generate_step
+
+    toks, logps = [], []
+    for tok, lp in generate_step(mx.array(prompt), model, max_tokens=steps):
+        toks.append(int(tok))
+        logps.append(np.array(lp.astype(mx.float32)))
+    return toks, np.stack(logps)
+
+
+def same_greedy(got, want, atol=1e-4):
+    """Log-probabilities within atol at every step up to the first different token, which must be
+    a near tie (within atol) in ``want``."""
+    import numpy as np
+
+    (gt, gl), (wt, wl) = got, want
+    for i, (a, b) in enumerate(zip(gt, wt)):
+        np.testing.assert_allclose(gl[i], wl[i], atol=atol, rtol=0, err_msg=f"step {i}")
+        assert a == b or abs(wl[i][a] - wl[i][b]) <= atol, f"step {i}: token {a} != {b}"
+        if a != b:
+            return
+    assert gt == wt

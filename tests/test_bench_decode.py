@@ -33,3 +33,15 @@ def test_tiny_decode_all_variants(tmp_path):
 def test_bad_arguments_are_rejected():
     with pytest.raises(SystemExit):
         decode.main(["--preset", "tiny", "--repeats", "0", "--device", "cpu"])
+
+
+def test_tiny_gpt_oss_decodes_in_mxfp4(tmp_path):
+    """The gpt-oss preset quantizes in MXFP4 (its published format); ours decodes the same greedy
+    tokens as MLX's mxfp4 layers on the same bytes."""
+    rc = decode.main(["--preset", "tiny-gpt-oss", "--layers", "2", "--prompt", "6", "--tokens", "4", "--repeats", "1",
+                      "--variants", "mlx_nvfp4", "fp4", "--device", "cpu", "--out", str(tmp_path), "--no-plot"])
+    assert rc == 0
+    (point,) = json.loads((tmp_path / "decode_tiny-gpt-oss_cpu.json").read_text())["points"]
+    ours, theirs = point["variants"]["fp4"], point["variants"]["mlx_nvfp4"]
+    assert ours["weight_bytes_per_step"] == theirs["weight_bytes_per_step"]
+    assert ours["first_token_difference_vs_mlx_nvfp4"] is None

@@ -32,8 +32,9 @@ def driver(tmp_path_factory):
     return run
 
 
-def plan(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-"):
-    (res,) = driver(f"plan {n} {k} {m} {dtype} {vec} {staged} {path} {tc}")
+def plan(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-", mode="nvfp4"):
+    cmd = "plan" if mode == "nvfp4" else f"plan_{mode}"
+    (res,) = driver(f"{cmd} {n} {k} {m} {dtype} {vec} {staged} {path} {tc}")
     kind, mt, rt, kw, st = res
     return kind, f"{mt}/{rt}/{kw}", st == "1"
 
@@ -97,3 +98,13 @@ def test_load_conditions(driver):
     assert driver("loads 4224 2112 264 1024 2048 4104") == [("1", "1")]  # K % 256 != 0: 8 bytes suffice
     assert driver("loads 4224 2112 264 1024 2048 4100") == [("1", "0")]  # ... but not 4
     assert driver("loads 4096 2064 256 1024 2048 4096") == [("1", "1")]  # padded rows are fine
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("m", [1, 8, 32, 33, 512])
+def test_mxfp4_never_takes_the_tensor_core_kernels(driver, dtype, m):
+    """The tensor-core kernels decode E4M3 scales only: MXFP4 runs SIMT up to kSimtMaxM (32), then
+    dequantize + cuBLASLt, even when forced to tc."""
+    want = "simt" if m <= 32 else "dequant"
+    assert plan(driver, 4096, 4096, m, dtype, mode="mxfp4")[0] == want
+    assert plan(driver, 4096, 4096, m, dtype, path="tc", mode="mxfp4")[0] == want

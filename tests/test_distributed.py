@@ -37,6 +37,11 @@ CHECKS = [
     "model_bf16",
     "shard_then_convert",
     "mlx_nvfp4_sharded_then_wrapped",
+    "switch_shard_inplace",
+    "moe_model_fp32",
+    "moe_model_bf16",
+    "moe_shard_then_convert",
+    "moe_errors",
 ]
 
 
@@ -212,3 +217,33 @@ def test_mlx_nvfp4_model_sharded_then_wrapped(ranks):
     """An MLX nvfp4 model sharded by plain model.shard() (MLX's quantized sharded layers),
     then mlx_fp4.distributed.quantize: FP4 sharded layers on the same bytes, same logits."""
     _assert_ok(ranks, "mlx_nvfp4_sharded_then_wrapped")
+
+
+def test_switch_linear_sharded_in_place(ranks):
+    """FP4SwitchLinear split as mlx-lm's MoE shard() splits switch_mlp: gate/up by output rows
+    (bias rows with them), down along K (partials all_sum-ed), per-expert global scales whole;
+    vs the float64 gather reference; K off the 16-element blocks raises on every rank."""
+    res = _assert_ok(ranks, "switch_shard_inplace")
+    assert res[0]["detail"]["k_error"] == res[1]["detail"]["k_error"]
+
+
+@pytest.mark.parametrize("name", ["moe_model_fp32", "moe_model_bf16"])
+def test_sharded_qwen3_moe_logits_match_unsharded(ranks, name):
+    """A tiny mlx-lm Qwen3-MoE (8 experts, top-2; random weights) converted with global scales
+    and sharded with shard_model (model.shard()'s own plan): the same logits as unsharded
+    (bf16 case with fused FP4SwitchGLU experts)."""
+    _assert_ok(ranks, name)
+
+
+def test_moe_shard_first_then_convert(ranks):
+    """Plain model.shard() of the float MoE model, then mlx_fp4.distributed.quantize with
+    global scales: expert bytes and per-expert amaxes of convert-then-shard, same logits."""
+    _assert_ok(ranks, "moe_shard_then_convert")
+
+
+def test_moe_splits_that_cannot_be_exact_raise(ranks):
+    """Experts with K off the 16-element blocks through shard_model, and per-expert global
+    scales split along the experts by plain model.shard() (MLX's shard_inplace) on an mlx-lm
+    nvfp4 model: ValueErrors naming the layer, the same on every rank."""
+    res = _assert_ok(ranks, "moe_errors")
+    assert res[0]["detail"] == res[1]["detail"]

@@ -13,13 +13,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from common import assert_close
+from lm_fixtures import greedy, same_greedy
 from mlx_fp4 import nn as fnn
 
 switch_layers = pytest.importorskip("mlx_lm.models.switch_layers")
-from mlx_lm.generate import generate_step  # noqa: E402
 
-PROMPT = [1, 17, 42, 99, 5, 200, 3, 64, 7, 11]
-STEPS = 8
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               rms_norm_eps=1e-5, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False)
 MODELS = {
@@ -43,24 +41,6 @@ def build(name, seed=0):
     model = mod.Model(mod.ModelArgs.from_dict(MODELS[name]))
     mx.eval(model.parameters())
     return model
-
-
-def greedy(model, prompt=PROMPT, steps=STEPS):
-    toks, logps = [], []
-    for tok, lp in generate_step(mx.array(prompt), model, max_tokens=steps):
-        toks.append(int(tok))
-        logps.append(np.array(lp.astype(mx.float32)))
-    return toks, np.stack(logps)
-
-
-def same_greedy(got, want, atol=1e-4):
-    (gt, gl), (wt, wl) = got, want
-    for i, (a, b) in enumerate(zip(gt, wt)):
-        np.testing.assert_allclose(gl[i], wl[i], atol=atol, rtol=0, err_msg=f"step {i}")
-        assert a == b or abs(wl[i][a] - wl[i][b]) <= atol, f"step {i}: token {a} != {b}"
-        if a != b:
-            return
-    assert gt == wt
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -198,7 +198,7 @@ def test_quantize_has_mlx_nn_quantize_signature():
     for args, kw, match in [
         ((32,), {}, "group_size expected 16"),
         ((16, 8), {}, "bits expected 4"),
-        ((), dict(mode="mxfp4"), "mode expected 'nvfp4'"),
+        ((16,), dict(mode="mxfp4"), "group_size expected 32"),
         ((), dict(mode="affine"), "mode expected 'nvfp4'"),
         ((), dict(quantize_input=True), "weight-only"),
         ((), dict(global_scale="yes"), "global_scale expected True, False or 'auto'"),

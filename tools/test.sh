@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README: sets up everything on a fresh Linux or macOS machine, then runs
 # the suite. Creates .venv, installs mlx_fp4 (non-editable, as users get it) with its test extras,
-# installs clang-19 for the Metal-on-CPU simulator when apt-get is usable, and runs pytest.
+# installs clang-19 for the Metal-on-CPU simulator when apt-get is usable, and runs pytest; with no
+# arguments on x86-64 Linux, then also the arm64 build under emulation (tools/test_arm64.sh).
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +23,8 @@ echo "== pip install .[$EXTRAS]"
 echo "== pytest"
 # Run from tests/ so that `import mlx_fp4` resolves to the installed package, not python/.
 .venv/bin/python -m pytest tests -q -ra "$@"
+# The whole suite (no arguments) also runs the arm64 NEON build under emulation on x86-64 Linux
+# (tools/test_arm64.sh: in CI it installs its tools; elsewhere it skips without them).
+if [ $# -eq 0 ] && [ "$(uname -s)" = "Linux" ] && [ "$(uname -m)" = "x86_64" ]; then
+  bash tools/test_arm64.sh
+fi

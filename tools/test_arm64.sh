@@ -19,6 +19,7 @@ PY_MINOR=3.11
 ARM64_TESTS=(tests/test_cpu_kernel_paths.py tests/test_format.py tests/test_quantize.py tests/test_w4a16_matmul.py
              tests/test_epilogue.py tests/test_errors.py tests/test_adversarial.py tests/test_transforms.py
              tests/test_concurrency.py tests/test_memory.py tests/test_gather.py tests/test_gather_errors.py
+             tests/test_mxfp4.py
              --deselect tests/test_adversarial.py::test_index_helpers_int64)
 DEBS=(libc6 libgcc-s1 libstdc++6 "python$PY_MINOR-minimal" "libpython$PY_MINOR-minimal" "libpython$PY_MINOR-stdlib"
       "libpython$PY_MINOR-dev" libexpat1 zlib1g libffi8 libssl3 libbz2-1.0 liblzma5 libsqlite3-0 libuuid1

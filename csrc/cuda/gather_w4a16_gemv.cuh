@@ -9,10 +9,13 @@ namespace mlx_fp4 {
 namespace cuda {
 namespace {
 
-// R rows of x against one weight row: acc[r] = sum_k x_r[k] * w[k] (this lane's share).
-template <typename XT, bool kVec, int R>
+// R rows of x against one weight row: acc[r] = sum_k x_r[k] * w[k] (this lane's share). Mode:
+// fp4::Mode (a lane's 32-value chunk holds two NVFP4 scale blocks or one MXFP4 block).
+template <typename XT, bool kVec, int R, int Mode>
 __device__ __forceinline__ void row_pass(const uint8_t* wrow, const uint8_t* srow, int64_t K, int64_t srb,
                                          const XT* const (&xr)[R], float (&acc)[R]) {
+  constexpr int kBlockBytes = fp4::block_size(Mode) / fp4::kValuesPerByte;
+  constexpr int kBlocksPerChunk = kLaneBytes / kBlockBytes;
   const int lane = threadIdx.x & 31;
   const int64_t kbytes = (K + 1) / 2;
 #pragma unroll
@@ -29,8 +32,8 @@ __device__ __forceinline__ void row_pass(const uint8_t* wrow, const uint8_t* sro
       } else {
         for (int64_t b = c * kLaneBytes; b < kbytes; ++b) wv[(b - c * kLaneBytes) / 4] |= uint32_t(wrow[b]) << (8 * (b % 4));
       }
-      const float s[2] = {fp4::e4m3_to_float(srow[2 * c]),
-                          2 * c + 1 < srb ? fp4::e4m3_to_float(srow[2 * c + 1]) : 0.0f};
+      const int64_t b0 = kBlocksPerChunk * c, b1 = b0 + kBlocksPerChunk - 1;
+      const float s[2] = {fp4::scale_to_float(Mode, srow[b0]), b1 < srb ? fp4::scale_to_float(Mode, srow[b1]) : 0.0f};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         float wq[8];
@@ -53,7 +56,7 @@ __device__ __forceinline__ void row_pass(const uint8_t* wrow, const uint8_t* sro
   } else {
     for (int64_t b = lane; b < kbytes; b += 32) {
       const uint32_t byte = wrow[b];
-      const float sc = fp4::e4m3_to_float(srow[b / (fp4::kBlockSize / 2)]);
+      const float sc = fp4::scale_to_float(Mode, srow[b / kBlockBytes]);
       const float lo = fp4::e2m1_to_float(byte & fp4::kNibbleMask) * sc;
       const float hi = 2 * b + 1 < K ? fp4::e2m1_to_float(byte >> fp4::kNibbleBits) * sc : 0.0f;
 #pragma unroll
@@ -71,7 +74,7 @@ __device__ __forceinline__ void row_pass(const uint8_t* wrow, const uint8_t* sro
 }
 
 // Rows [r0, r0 + R) of one expert group (clamped to the last row; extra rows are not stored).
-template <typename XT, bool kVec, int R>
+template <typename XT, bool kVec, int R, int Mode>
 __device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args& ep, const PlanView& v,
                                            int64_t first, int64_t rows, int64_t r0, const uint8_t* wrow,
                                            const uint8_t* srow, int64_t n, float mult) {
@@ -86,7 +89,7 @@ __device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args&
     out_row[r] = pair * M + i % M;
   }
   float acc[R];
-  row_pass<XT, kVec, R>(wrow, srow, K, a.g.mm.scale_row_bytes, xr, acc);
+  row_pass<XT, kVec, R, Mode>(wrow, srow, K, a.g.mm.scale_row_bytes, xr, acc);
   if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -97,7 +100,7 @@ __device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args&
   }
 }
 
-template <typename XT, bool kVec>
+template <typename XT, bool kVec, int Mode>
 __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherArgs a) {
   const int64_t N = a.g.mm.n;
   const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -116,9 +119,9 @@ __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherAr
     const float mult = a.g.mm.has_global_scale ? a.multiplier[a.g.multiplier_per_expert ? e : 0] : 1.0f;
     int64_t r0 = 0;
     for (; r0 + kRowsPerPass <= rows; r0 += kRowsPerPass) {
-      group_pass<XT, kVec, kRowsPerPass>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
+      group_pass<XT, kVec, kRowsPerPass, Mode>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
     }
-    for (; r0 < rows; ++r0) group_pass<XT, kVec, 1>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
+    for (; r0 < rows; ++r0) group_pass<XT, kVec, 1, Mode>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
   }
 }
 

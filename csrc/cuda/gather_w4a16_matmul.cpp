@@ -14,6 +14,7 @@
 namespace mlx_fp4 {
 
 bool gather_gpu_kernel_available() { return true; }
+bool gather_gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   namespace cu = mx::cu;

@@ -28,9 +28,16 @@ CUfunction gather_func(Kernel kernel) {
   return reinterpret_cast<CUfunction>(f);
 }
 
-template <typename XT>
+template <typename XT, int Mode>
 CUfunction gemv_func(bool vec) {
-  return vec ? gather_func(gather_gemv_kernel<XT, true>) : gather_func(gather_gemv_kernel<XT, false>);
+  return vec ? gather_func(gather_gemv_kernel<XT, true, Mode>) : gather_func(gather_gemv_kernel<XT, false, Mode>);
+}
+
+template <int Mode>
+CUfunction gemv_func_of_dtype(int x, bool vec) {
+  return x == fp4::kDtypeF32 ? gemv_func<float, Mode>(vec)
+         : x == fp4::kDtypeF16 ? gemv_func<__half, Mode>(vec)
+                               : gemv_func<__nv_bfloat16, Mode>(vec);
 }
 
 template <typename T>
@@ -49,7 +56,8 @@ Launch gather_plan_launch(const fp4::GatherW4A16Problem&) {
 }
 
 bool gather_use_tc(const fp4::GatherW4A16Problem& g) {
-  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
+  // The grouped tensor-core kernel reads NVFP4 scales only: MXFP4 takes the GEMV at every size.
+  const bool half_x = (g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16) && g.mm.mode == fp4::kModeNvfp4;
   return half_x && fp4::gather_out_rows(g) >= int64_t(kTcMinRowsPerExpert) * g.experts;
 }
 
@@ -67,9 +75,8 @@ Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec) {
 
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec) {
   Launch l;
-  const int x = g.mm.x_dtype;
-  l.func = x == fp4::kDtypeF32 ? gemv_func<float>(vec) : x == fp4::kDtypeF16 ? gemv_func<__half>(vec)
-                                                                             : gemv_func<__nv_bfloat16>(vec);
+  l.func = g.mm.mode == fp4::kModeMxfp4 ? gemv_func_of_dtype<fp4::kModeMxfp4>(g.mm.x_dtype, vec)
+                                        : gemv_func_of_dtype<fp4::kModeNvfp4>(g.mm.x_dtype, vec);
   const int64_t gx = (g.mm.n + kWarps - 1) / kWarps;
   int64_t slots = g.pairs < g.experts ? g.pairs : g.experts;  // active experts <= both
   slots = slots < 1 ? 1 : (slots > 65535 ? 65535 : slots);     // the kernel loops over the rest

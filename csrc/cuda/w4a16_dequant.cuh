@@ -29,9 +29,11 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 // lane (ncu: with 64 bytes per thread, the strided 16-byte stores made L2 the bottleneck).
 // kVec (K % 8 == 0, aligned rows) with 16-bit outputs: the register decode of the tensor-core
 // kernel; otherwise the float decode with guarded accesses.
-template <typename OT, bool kVec>
+// Mode: fp4::Mode. The register decode scales in 16-bit pairs (value * scale * 2^-7), which
+// holds E4M3's range only: MXFP4 (E8M0, 2^-127 .. 2^127) takes the float decode.
+template <typename OT, bool kVec, int Mode>
 __global__ void __launch_bounds__(kDequantThreads) w4a16_dequant_kernel(const DequantArgs d) {
-  constexpr bool kHalf = !std::is_same_v<OT, float>;
+  constexpr bool kHalf = !std::is_same_v<OT, float> && Mode == fp4::kModeNvfp4;
   const int64_t wpr = (d.k + 7) / 8;  // words of 8 values per row
   __shared__ uint32_t s_scale[256];
   uint32_t unscale = 0;
@@ -84,7 +86,8 @@ __global__ void __launch_bounds__(kDequantThreads) w4a16_dequant_kernel(const De
             if (k >= d.k) break;
             const uint32_t byte = k / 2 < kbytes ? uint32_t(wrow[k / 2]) : 0u;
             const uint32_t code = (k & 1) ? (byte >> 4) : (byte & 0xFu);
-            orow[k] = from_float<OT>(fp4::e2m1_to_float(code) * fp4::e4m3_to_float(srow[k / fp4::kBlockSize]));
+            orow[k] = from_float<OT>(fp4::e2m1_to_float(code) *
+                                     fp4::scale_to_float(Mode, srow[k / fp4::block_size(Mode)]));
           }
         }
       }

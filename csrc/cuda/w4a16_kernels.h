@@ -40,6 +40,7 @@ struct DequantArgs {
   void* out;  // [N, K] in out_dtype, exact decode (no global scale)
   int64_t n, k, w_row_bytes, scale_row_bytes;
   int out_dtype;  // fp4::OperandDtype
+  int mode;       // fp4::Mode of the scales (nvfp4 when left 0)
 };
 
 // Row-contiguous copy of a strided array of 2- or 4-byte elements (element strides).

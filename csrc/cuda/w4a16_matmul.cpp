@@ -20,8 +20,8 @@
 
 namespace mlx_fp4 {
 
-// The kernels of this backend read NVFP4 scales only so far; MXFP4 runs the MLX-ops form.
-bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+// Every mode: the plan keeps MXFP4 off the tensor-core kernels (SIMT, dequantize + cuBLASLt).
+bool gpu_kernel_supports_mode(int mode, int64_t) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 namespace {
 
@@ -146,7 +146,8 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
 
   // Large M: exact decode of W into x's dtype, dense GEMM in cuBLAS with fp32 accumulation.
   mx::array wd = device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
-  cuda::DequantArgs d{a.w, a.scales, mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype};
+  cuda::DequantArgs d{a.w,      a.scales,          mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes,
+                      p.scale_row_bytes, p.x_dtype, p.mode};
   const bool dq_vec = vec && reinterpret_cast<uintptr_t>(d.out) % 16 == 0;
   enc.set_input_array(inputs[kInputW]);
   enc.set_input_array(inputs[kInputScales]);

@@ -130,18 +130,37 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   return l;
 }
 
-template <typename XT>
+template <typename XT, int Mode>
 CUfunction simt_func(bool vec, int rows) {
-  if (rows == 1) return vec ? func_of(w4a16_simt_kernel<XT, true, 1>) : func_of(w4a16_simt_kernel<XT, false, 1>);
-  return vec ? func_of(w4a16_simt_kernel<XT, true, kSimtRows>) : func_of(w4a16_simt_kernel<XT, false, kSimtRows>);
+  if (rows == 1) {
+    return vec ? func_of(w4a16_simt_kernel<XT, true, 1, Mode>) : func_of(w4a16_simt_kernel<XT, false, 1, Mode>);
+  }
+  return vec ? func_of(w4a16_simt_kernel<XT, true, kSimtRows, Mode>)
+             : func_of(w4a16_simt_kernel<XT, false, kSimtRows, Mode>);
+}
+
+template <int Mode>
+CUfunction simt_func_of_dtype(int x_dtype, bool vec, int rows) {
+  return x_dtype == fp4::kDtypeF32   ? simt_func<float, Mode>(vec, rows)
+         : x_dtype == fp4::kDtypeF16 ? simt_func<__half, Mode>(vec, rows)
+                                     : simt_func<__nv_bfloat16, Mode>(vec, rows);
+}
+
+template <typename OT>
+CUfunction dequant_func(bool vec, int mode) {
+  if (mode == fp4::kModeMxfp4) {
+    return vec ? func_of(w4a16_dequant_kernel<OT, true, fp4::kModeMxfp4>)
+               : func_of(w4a16_dequant_kernel<OT, false, fp4::kModeMxfp4>);
+  }
+  return vec ? func_of(w4a16_dequant_kernel<OT, true, fp4::kModeNvfp4>)
+             : func_of(w4a16_dequant_kernel<OT, false, fp4::kModeNvfp4>);
 }
 
 Launch simt_launch(const fp4::W4A16Problem& p, bool vec) {
   Launch l;
   const int rows = p.m == 1 ? 1 : kSimtRows;  // one row of x: no redundant passes
-  l.func = p.x_dtype == fp4::kDtypeF32   ? simt_func<float>(vec, rows)
-           : p.x_dtype == fp4::kDtypeF16 ? simt_func<__half>(vec, rows)
-                                         : simt_func<__nv_bfloat16>(vec, rows);
+  l.func = p.mode == fp4::kModeMxfp4 ? simt_func_of_dtype<fp4::kModeMxfp4>(p.x_dtype, vec, rows)
+                                     : simt_func_of_dtype<fp4::kModeNvfp4>(p.x_dtype, vec, rows);
   const int64_t gx = ceil_div(p.n, kSimtWarps);
   int64_t gy = ceil_div(p.m, rows);
   if (gy > 65535) gy = 65535;  // the kernel loops over the remaining rows of x
@@ -153,18 +172,9 @@ Launch simt_launch(const fp4::W4A16Problem& p, bool vec) {
 
 Launch dequant_launch(const DequantArgs& d, bool vec) {
   Launch l;
-  switch (d.out_dtype) {
-    case fp4::kDtypeF32:
-      l.func = vec ? func_of(w4a16_dequant_kernel<float, true>) : func_of(w4a16_dequant_kernel<float, false>);
-      break;
-    case fp4::kDtypeF16:
-      l.func = vec ? func_of(w4a16_dequant_kernel<__half, true>) : func_of(w4a16_dequant_kernel<__half, false>);
-      break;
-    default:
-      l.func = vec ? func_of(w4a16_dequant_kernel<__nv_bfloat16, true>)
-                   : func_of(w4a16_dequant_kernel<__nv_bfloat16, false>);
-      break;
-  }
+  l.func = d.out_dtype == fp4::kDtypeF32   ? dequant_func<float>(vec, d.mode)
+           : d.out_dtype == fp4::kDtypeF16 ? dequant_func<__half>(vec, d.mode)
+                                           : dequant_func<__nv_bfloat16>(vec, d.mode);
   const int64_t gx = ceil_div(ceil_div(d.k, 8), int64_t(kDequantThreads) * kDequantWords);
   const int64_t gy = d.n < 65535 ? d.n : 65535;
   l.grid = dim3(static_cast<unsigned>(gx < 65535 ? gx : 65535), static_cast<unsigned>(gy > 0 ? gy : 1), 1);
@@ -214,14 +224,19 @@ void preload_kernels() {
               p.k = 1;
             }
       }
-      simt_launch(p, vec);
-      p.m = 2;
-      simt_launch(p, vec);
-      p.m = 1;
-      DequantArgs d{};
-      d.n = d.k = 1;
-      d.out_dtype = dt;
-      dequant_launch(d, vec);
+      for (int mode = 0; mode < fp4::kNumModes; ++mode) {
+        p.mode = mode;
+        simt_launch(p, vec);
+        p.m = 2;
+        simt_launch(p, vec);
+        p.m = 1;
+        DequantArgs d{};
+        d.n = d.k = 1;
+        d.out_dtype = dt;
+        d.mode = mode;
+        dequant_launch(d, vec);
+      }
+      p.mode = fp4::kModeNvfp4;
     }
   }
   epilogue_launch(fp4::W4A16Problem{});

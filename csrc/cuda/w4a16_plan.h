@@ -121,10 +121,16 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
   }
+  // The tensor-core kernels read NVFP4 scales only: MXFP4 takes the SIMT kernel at small M and
+  // dequantize + cuBLASLt above.
+  const bool tc_ok = half_x && p.mode == fp4::kModeNvfp4;
+  if (!tc_ok && plan.path == Path::kTensorCore) {
+    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
+  }
   if (path_override && *path_override) {
     if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
     if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;
-    if (!std::strcmp(path_override, "tc") && half_x) plan.path = Path::kTensorCore;
+    if (!std::strcmp(path_override, "tc") && tc_ok) plan.path = Path::kTensorCore;
   }
   TcConfig forced;
   if (parse_tc(tc_override, forced)) plan.tc = forced;

@@ -44,8 +44,11 @@ __device__ __forceinline__ float e2m1_fast(uint32_t code) {
   return __uint_as_float(((code & 7u) << 22) | ((code & 8u) << 28)) * 0x1p126f;
 }
 
-template <typename XT, bool kVec, int R>
+// Mode: fp4::Mode (the scale decode and its block); a chunk of 32 values holds two NVFP4 blocks or
+// one MXFP4 block.
+template <typename XT, bool kVec, int R, int Mode>
 __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16Args a) {
+  constexpr int kBlockBytes = fp4::block_size(Mode) / fp4::kValuesPerByte;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t M = a.p.m, N = a.p.n, K = a.p.k;
@@ -93,8 +96,11 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
             wv[q] = word;
           }
         }
-        const float s0 = fp4::e4m3_to_float(srow[2 * c]);
-        const float s1 = 2 * c + 1 < srb ? fp4::e4m3_to_float(srow[2 * c + 1]) : 0.0f;
+        // Scales of the chunk's two 16-value halves: blocks 2c, 2c + 1 (NVFP4) or c, c (MXFP4).
+        constexpr int kBlocksPerChunk = 16 / kBlockBytes;
+        const int64_t b0 = kBlocksPerChunk * c, b1 = b0 + kBlocksPerChunk - 1;
+        const float s0 = fp4::scale_to_float(Mode, srow[b0]);
+        const float s1 = b1 < srb ? fp4::scale_to_float(Mode, srow[b1]) : 0.0f;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float sc = q < 2 ? s0 : s1;
@@ -118,7 +124,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
     } else {
       for (int64_t b = lane; b < kbytes; b += 32) {
         const uint32_t byte = wrow[b];
-        const float sc = fp4::e4m3_to_float(srow[b / 8]);
+        const float sc = fp4::scale_to_float(Mode, srow[b / kBlockBytes]);
         const int64_t k = 2 * b;
         const float lo = fp4::e2m1_to_float(byte & 0xFu) * sc;
 #pragma unroll

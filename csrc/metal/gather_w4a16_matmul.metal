@@ -58,12 +58,12 @@ template <typename XT, typename OutT>
       acc.v[0][r] = 0.0f;
     }
     if (fc_gemv_aligned) {  // one row of x per pass: always FULL
-      gemv_blocks<XT, 1, R, true, true>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
+      gemv_blocks<XT, 1, R, true, true, false>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
     } else {
-      gemv_blocks<XT, 1, R, false, true>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
+      gemv_blocks<XT, 1, R, false, true, false>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
     }
     if (p.k % kBlockSize != 0 && int(lane) == full_blocks % kMetalSimdWidth) {
-      gemv_tail<XT, 1, R>(acc, xm, rows, p, mi, 1, full_blocks);
+      gemv_tail<XT, 1, R, false>(acc, xm, rows, p, mi, 1, full_blocks);
     }
     for (int r = 0; r < R; ++r) {
       const float v = simd_sum(acc.v[0][r]);

@@ -128,7 +128,7 @@ inline std::vector<MetalConfig> metal_all_configs() {
 
 // The dispatch table (docs/metal.md). M = rows of x after flattening the batch dims.
 inline MetalConfig metal_choose_config(const W4A16Problem& p) {
-  if (p.m <= kMetalGemvAutoMaxM) {
+  if (p.m <= kMetalGemvAutoMaxM || p.mode == kModeMxfp4) {  // MXFP4: the GEMV only (M <= 16)
     return {MetalKernel::kGemv, 0, 0, false, metal_gemv_mt(int(p.m))};
   }
   if (p.m < kMetalLargeTileMinM) {
@@ -243,7 +243,7 @@ inline MetalLaunch metal_plan(
       p.num_operands > kMaxEpilogueOperands) {
     throw std::runtime_error("[w4a16_matmul] Metal backend: epilogue larger than supported.");
   }
-  if (p.w_row_bytes < packed_bytes_for_k(p.k) || p.scale_row_bytes < scale_blocks_for_k(p.k)) {
+  if (p.w_row_bytes < packed_bytes_for_k(p.k) || p.scale_row_bytes < scale_blocks_for_k(p.k, p.mode)) {
     throw std::runtime_error("[w4a16_matmul] Metal backend: weight rows shorter than K.");
   }
 
@@ -253,6 +253,9 @@ inline MetalLaunch metal_plan(
     l.config.mt = metal_gemv_mt(int(p.m));
   }
   const MetalConfig& c = l.config;
+  if (c.kernel != MetalKernel::kGemv && p.mode == kModeMxfp4) {
+    throw std::invalid_argument("[w4a16_matmul] the Metal GEMMs read NVFP4 scales only; MXFP4 takes the GEMV.");
+  }
   if (c.kernel == MetalKernel::kGemv && p.m > kMetalGemvMaxM) {
     throw std::invalid_argument(
         "[w4a16_matmul] the Metal GEMV handles M <= " + std::to_string(kMetalGemvMaxM) +
@@ -269,6 +272,7 @@ inline MetalLaunch metal_plan(
   const int os = metal_dtype_size(p.out_dtype);
   int flags = 0;
   if (p.has_global_scale) flags |= kMetalFlagGlobalScale;
+  if (p.mode == kModeMxfp4) flags |= kMetalFlagMxfp4;
   if (p.k % 2 == 0 && addr.x % uint64_t(2 * xs) == 0) flags |= kMetalFlagXVec2;
   if (p.k % 4 == 0 && addr.x % uint64_t(4 * xs) == 0) flags |= kMetalFlagXVec4;
   if (p.w_row_bytes % 8 == 0 && addr.w % 8 == 0) flags |= kMetalFlagWVec8;

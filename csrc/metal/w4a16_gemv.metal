@@ -35,7 +35,18 @@ inline void load_x16(device const XT* xr, thread float* xv) {
   }
 }
 
-template <typename XT, int MT, int R, bool ALIGNED, bool FULL>
+// The scale of 16-column block b of a row and the factor its partial sums take: NVFP4 folds the
+// bit-built offset 2^14 into the E4M3 value; MXFP4 multiplies the sum by 2^14 first (exact), since
+// 2^14 times a large E8M0 scale would overflow.
+// MX is a template parameter (the kernel branches once, uniformly): the NVFP4 loops are unchanged.
+template <bool MX>
+inline float gemv_scale(device const uchar* srow, int b) {
+  return MX ? e8m0_to_float(srow[b / (kMxfp4BlockSize / kBlockSize)]) : block_scale_f32(srow[b]);
+}
+template <bool MX>
+inline float gemv_unscaled(float d) { return MX ? d * kE2M1HalfUnscale : d; }
+
+template <typename XT, int MT, int R, bool ALIGNED, bool FULL, bool MX>
 inline void gemv_blocks(
     thread GemvAcc<MT, R>& acc,
     device const XT* x,
@@ -52,7 +63,7 @@ inline void gemv_blocks(
       device const uchar* wb = rows.w[r] + b * (kBlockSize / kValuesPerByte);
       const uint2 q = ALIGNED ? *((device const uint2*)wb) : load_u2_bytes(wb);
       decode_block16_f32(q, wf[r]);
-      s[r] = block_scale_f32(rows.s[r][b]);
+      s[r] = gemv_scale<MX>(rows.s[r], b);
     }
     for (int mi = 0; mi < MT; ++mi) {
       if (!FULL && mi >= rows_m) {
@@ -72,7 +83,7 @@ inline void gemv_blocks(
         for (int i = 0; i < kBlockSize; ++i) {
           d = fma(xv[i], wf[r][i], d);
         }
-        acc.v[mi][r] = fma(d, s[r], acc.v[mi][r]);
+        acc.v[mi][r] = fma(gemv_unscaled<MX>(d), s[r], acc.v[mi][r]);
       }
     }
   }
@@ -80,7 +91,7 @@ inline void gemv_blocks(
 
 // The partial block at the end of K (K % 16 != 0), by one lane: byte loads, nothing read at or
 // past K (weight padding nibbles and x columns alike).
-template <typename XT, int MT, int R>
+template <typename XT, int MT, int R, bool MX>
 inline void gemv_tail(
     thread GemvAcc<MT, R>& acc,
     device const XT* x,
@@ -91,7 +102,7 @@ inline void gemv_tail(
     int b) {
   const int kb = b * kBlockSize;
   for (int r = 0; r < R; ++r) {
-    const float s = block_scale_f32(rows.s[r][b]);
+    const float s = gemv_scale<MX>(rows.s[r], b);
     for (int mi = 0; mi < MT; ++mi) {
       if (mi >= rows_m) {
         break;
@@ -104,8 +115,31 @@ inline void gemv_tail(
         const float wv = float(as_type<half2>(e2m1_pair_half_bits(code & kNibbleMask, 0)).x);
         d = fma(float(xr[k]), wv, d);
       }
-      acc.v[mi][r] = fma(d, s, acc.v[mi][r]);
+      acc.v[mi][r] = fma(gemv_unscaled<MX>(d), s, acc.v[mi][r]);
     }
+  }
+}
+
+// Every block of K into acc: the whole blocks (aligned / full variants), then the tail.
+template <typename XT, int MT, int R, bool MX>
+inline void gemv_accumulate(
+    thread GemvAcc<MT, R>& acc,
+    device const XT* x,
+    thread const GemvRows<R>& rows,
+    constant W4A16MetalParams& p,
+    int m0,
+    int rows_m,
+    int lane) {
+  const int full_blocks = p.k / kBlockSize;
+  if (fc_gemv_aligned && rows_m == MT) {
+    gemv_blocks<XT, MT, R, true, true, MX>(acc, x, rows, p, m0, rows_m, lane, full_blocks);
+  } else if (fc_gemv_aligned) {
+    gemv_blocks<XT, MT, R, true, false, MX>(acc, x, rows, p, m0, rows_m, lane, full_blocks);
+  } else {
+    gemv_blocks<XT, MT, R, false, false, MX>(acc, x, rows, p, m0, rows_m, lane, full_blocks);
+  }
+  if (p.k % kBlockSize != 0 && lane == full_blocks % kMetalSimdWidth) {
+    gemv_tail<XT, MT, R, MX>(acc, x, rows, p, m0, rows_m, full_blocks);
   }
 }
 
@@ -148,16 +182,10 @@ template <typename XT, typename OutT, int MT>
       acc.v[mi][r] = 0.0f;
     }
   }
-  const int full_blocks = p.k / kBlockSize;
-  if (fc_gemv_aligned && rows_m == MT) {
-    gemv_blocks<XT, MT, R, true, true>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
-  } else if (fc_gemv_aligned) {
-    gemv_blocks<XT, MT, R, true, false>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
+  if ((p.flags & kMetalFlagMxfp4) != 0) {  // uniform
+    gemv_accumulate<XT, MT, R, true>(acc, x, rows, p, m0, rows_m, int(lane));
   } else {
-    gemv_blocks<XT, MT, R, false, false>(acc, x, rows, p, m0, rows_m, int(lane), full_blocks);
-  }
-  if (p.k % kBlockSize != 0 && int(lane) == full_blocks % kMetalSimdWidth) {
-    gemv_tail<XT, MT, R>(acc, x, rows, p, m0, rows_m, full_blocks);
+    gemv_accumulate<XT, MT, R, false>(acc, x, rows, p, m0, rows_m, int(lane));
   }
   for (int mi = 0; mi < MT; ++mi) {
     for (int r = 0; r < R; ++r) {

@@ -34,6 +34,7 @@ enum MetalFlag : int {
   kMetalFlagWVec8 = 8,        // packed weight rows may be read as 8-byte words
   kMetalFlagOutVec2 = 16,     // the output may be written as 2-element vectors
   kMetalFlagScaleWord = 32,   // GEMM: a strip's BK / 16 scale bytes of a row form one aligned word
+  kMetalFlagMxfp4 = 64,       // E8M0 scales, one per 32 columns (GEMV only)
 };
 
 // [[function_constant(n)]] indices. The host specializes each pipeline on them (MLX's

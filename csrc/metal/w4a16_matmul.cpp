@@ -14,8 +14,8 @@
 
 namespace mlx_fp4 {
 
-// The kernels of this backend read NVFP4 scales only so far; MXFP4 runs the MLX-ops form.
-bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+// MXFP4: the vector path (GEMV, M <= kMetalGemvMaxM); the GEMMs read NVFP4 scales only.
+bool gpu_kernel_supports_mode(int mode, int64_t m) { return mode == fp4::kModeNvfp4 || m <= fp4::kMetalGemvMaxM; }
 
 
 static_assert(fp4::kMetalInputX == kInputX && fp4::kMetalInputW == kInputW &&

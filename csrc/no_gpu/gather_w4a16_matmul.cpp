@@ -6,6 +6,7 @@
 namespace mlx_fp4 {
 
 bool gather_gpu_kernel_available() { return false; }
+bool gather_gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
 
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error(

@@ -6,7 +6,7 @@
 namespace mlx_fp4 {
 
 // No GPU kernels: a GPU stream cannot run here in any mode.
-bool gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+bool gpu_kernel_supports_mode(int mode, int64_t) { return mode == fp4::kModeNvfp4; }
 
 
 void W4A16Matmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .formats import GROUP_SIZE, MODE, check_config
+from .formats import MODE, check_config, group_size_of
 from .layers import FP4Linear, linear_kind, swap_modules, to_fp4_linear
 from .layers.sharded import _FP4Sharded
 from .layers.switch import FP4SwitchLinear, switch_kind, to_fp4_switch_linear
@@ -23,7 +23,7 @@ Predicate = Callable[[str, nn.Module], Union[bool, dict]]
 
 # How each leaf kind is handled: (float source, converted by default).
 _FLOAT_KINDS = ("linear", "switch")
-_WRAP_KINDS = ("nvfp4", "nvfp4-switch")
+_WRAP_KINDS = ("nvfp4", "nvfp4-switch", "mxfp4", "mxfp4-switch")
 _KEEP_KINDS = ("fp4", "fp4-switch")
 # global_scale="auto" keeps a global scale only where it lowers the relative weight error by
 # more than this fraction: elsewhere (weights of magnitude ~0.1 and up) both errors are equal
@@ -35,12 +35,12 @@ def _kind(m) -> Optional[str]:
     return linear_kind(m) or switch_kind(m)
 
 
-def _skip_reason(path: str, m: nn.Module) -> Optional[str]:
+def _skip_reason(path: str, m: nn.Module, mode: str = MODE) -> Optional[str]:
     """Why the default predicate leaves ``m`` alone (None: it converts it)."""
     kind = _kind(m)
     if kind in _FLOAT_KINDS:
-        k = m.weight.shape[-1]
-        return None if k % GROUP_SIZE == 0 else f"input dims K={k} not a multiple of 16"
+        k, group = m.weight.shape[-1], group_size_of(mode)
+        return None if k % group == 0 else f"input dims K={k} not a multiple of {group} ({mode})"
     if kind in _WRAP_KINDS or kind in _KEEP_KINDS:
         return None
     if kind == "other":
@@ -50,8 +50,9 @@ def _skip_reason(path: str, m: nn.Module) -> Optional[str]:
     return None
 
 
-def _options(params: dict, path: str):
-    """The predicate's / caller's options for one layer, checked: -> global_scale."""
+def _options(params: dict, path: str, default_mode: str = MODE):
+    """The predicate's / caller's options for one layer, checked: -> (global_scale, mode).
+    mxfp4 has no global scale: "auto" means none there, True is a ValueError."""
     params = dict(params)
     where = f"mlx_fp4.nn.quantize: {path}"
     if params.pop("quantize_input", False):
@@ -59,12 +60,17 @@ def _options(params: dict, path: str):
             f"[mlx_fp4.nn.quantize] {path}: quantize_input=True (W4A4) is not supported; "
             "FP4Linear is weight-only (W4A16)."
         )
-    check_config(params.pop("group_size", None), params.pop("bits", None), params.pop("mode", MODE), where)
+    mode = params.pop("mode", default_mode)
+    check_config(params.pop("group_size", None), params.pop("bits", None), mode, where)
     global_scale = params.pop("global_scale", "auto")
     if params:
         raise ValueError(f"[mlx_fp4.nn.quantize] unknown options for {path}: {sorted(params)}.")
     _check_global_scale_option(global_scale, where)
-    return global_scale
+    if mode != MODE:
+        if global_scale is not False and not isinstance(global_scale, str):
+            raise ValueError(f"[{where}] global_scale is only supported for mode 'nvfp4' but got one with {mode!r}.")
+        global_scale = False
+    return global_scale, mode
 
 
 def _check_global_scale_option(global_scale, where):
@@ -75,11 +81,11 @@ def _check_global_scale_option(global_scale, where):
         raise ValueError(f"[{where}] global_scale expected True, False or 'auto' but got None.")
 
 
-def _to_fp4(m: nn.Module, global_scale: bool, path: str) -> nn.Module:
+def _to_fp4(m: nn.Module, global_scale: bool, path: str, mode: str = MODE) -> nn.Module:
     where = f"mlx_fp4.nn.quantize: {path}"
     if switch_kind(m) is not None:
-        return to_fp4_switch_linear(m, global_scale, where)
-    return to_fp4_linear(m, global_scale, where)
+        return to_fp4_switch_linear(m, global_scale, where, mode)
+    return to_fp4_linear(m, global_scale, where, mode)
 
 
 def _relative_error(source: nn.Module, q: nn.Module) -> float:
@@ -90,15 +96,17 @@ def _relative_error(source: nn.Module, q: nn.Module) -> float:
 
 def _underflow(source: nn.Module, q: nn.Module) -> float:
     """Fraction of 16-weight blocks with nonzero weights whose block scale is zero: weights
-    that decode as 0 (E4M3 underflow, what a global scale prevents)."""
+    that decode as 0 (E4M3 underflow, what a global scale prevents). E8M0 (mxfp4) has no zero."""
+    if q.mode != MODE:
+        return 0.0
     w = source.weight
-    blocks = mx.max(mx.abs(w.reshape(*w.shape[:-1], -1, GROUP_SIZE)), axis=-1)
+    blocks = mx.max(mx.abs(w.reshape(*w.shape[:-1], -1, group_size_of(MODE))), axis=-1)
     nonzero = blocks > 0
     lost = mx.logical_and(nonzero, q["scales"] == 0)
     return (mx.sum(lost) / mx.maximum(mx.sum(nonzero), 1)).item()
 
 
-def _convert(m: nn.Module, global_scale, path: str, report: "QuantizeSummary") -> nn.Module:
+def _convert(m: nn.Module, global_scale, path: str, report: "QuantizeSummary", mode: str = MODE) -> nn.Module:
     """One layer to FP4, recording what was done in ``report``."""
     kind = _kind(m)
     if kind in _KEEP_KINDS:
@@ -106,12 +114,12 @@ def _convert(m: nn.Module, global_scale, path: str, report: "QuantizeSummary") -
         return m
     if kind not in _FLOAT_KINDS:  # bytes kept: a global scale *value* may be attached
         new = _to_fp4(m, False if isinstance(global_scale, str) else global_scale, path)
-        report.converted[path] = "wrapped MLX nvfp4 (same bytes)"
+        report.converted[path] = f"wrapped MLX {m.mode} (same bytes)"
         return new
     candidates = [False, True] if isinstance(global_scale, str) else [global_scale]
     best = None
     for gs in candidates:
-        new = _to_fp4(m, gs, path)
+        new = _to_fp4(m, gs, path, mode)
         mx.eval(new.parameters())
         err = _relative_error(m, new)
         if best is None or err < best[1] * (1 - AUTO_MIN_GAIN):
@@ -141,6 +149,7 @@ class QuantizeSummary:
     errors: Dict[str, float] = field(default_factory=dict)
     underflow: Dict[str, float] = field(default_factory=dict)
     bits_per_weight: float = 0.0
+    mode: str = MODE
 
     @property
     def with_global_scale(self) -> int:
@@ -149,7 +158,7 @@ class QuantizeSummary:
     def __str__(self) -> str:
         worst = max(self.errors.values(), default=None)
         return (
-            f"[mlx_fp4] converted {len(self.converted)} layers to NVFP4 "
+            f"[mlx_fp4] converted {len(self.converted)} layers to {self.mode.upper()} "
             f"({self.with_global_scale} with a global scale), skipped {len(self.skipped)}"
             + (f", max relative weight error {worst:.3f}" if worst is not None else "")
             + f"; {self.bits_per_weight:.3f} bits per weight."
@@ -192,9 +201,10 @@ def quantize(
 ) -> QuantizeSummary:
     """Convert the linear (and mlx-lm switch) layers of ``model`` to FP4 layers in place.
 
-    ``mlx.nn.quantize``'s signature: ``group_size``/``bits``/``mode`` must say nvfp4 (16, 4,
-    ``"nvfp4"``, or None), anything else is a ValueError, as is ``quantize_input=True``
-    (W4A4). ``nn.Linear`` layers are quantized (K a multiple of 16), MLX nvfp4
+    ``mlx.nn.quantize``'s signature: ``mode`` ``"nvfp4"`` (default) or ``"mxfp4"`` (gpt-oss:
+    E8M0 scales per 32 weights, no global scale), ``group_size``/``bits`` the mode's (16 or 32,
+    4, or None); anything else is a ValueError, as is ``quantize_input=True`` (W4A4).
+    ``nn.Linear`` layers are quantized (K a multiple of the group size), MLX nvfp4 / mxfp4
     ``QuantizedLinear`` layers wrapped without copying bytes, FP4 layers kept; other quantized
     modes, embeddings and norms are left alone. ``class_predicate(path, module)`` is called on
     the linear/switch leaves and returns ``False`` (skip), ``True`` or a dict of options
@@ -210,17 +220,20 @@ def quantize(
     (nonzero weights decoded as zero).
     """
     check_config(group_size, bits, mode, "mlx_fp4.nn.quantize")
+    if mode != MODE and global_scale is True:
+        raise ValueError("[mlx_fp4.nn.quantize] global_scale is only supported for mode 'nvfp4' but got True with "
+                         f"{mode!r}.")
     if quantize_input:
         raise ValueError(
             "[mlx_fp4.nn.quantize] quantize_input=True (W4A4) is not supported; "
             "FP4Linear is weight-only (W4A16)."
         )
     _check_global_scale_option(global_scale, "mlx_fp4.nn.quantize")
-    report = QuantizeSummary(model)
+    report = QuantizeSummary(model, mode=mode)
     todo = []
     for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
         kind = _kind(m)
-        reason = _skip_reason(path, m)
+        reason = _skip_reason(path, m, mode)
         if kind is None or (kind == "other" and class_predicate is None):
             if reason is not None:
                 report.skipped[path] = reason
@@ -238,11 +251,11 @@ def quantize(
                 "[mlx_fp4.nn.quantize] class_predicate must return a bool or a dict "
                 f"of options but returned {type(sel).__name__} for {path}."
             )
-        todo.append((path, m, _options(params, path)))
+        todo.append((path, m, _options(params, path, mode)))
 
     converted = []
-    for path, m, gs in progress_bar(todo, "mlx_fp4: quantizing", progress):
-        new = _convert(m, gs, path, report)
+    for path, m, (gs, layer_mode) in progress_bar(todo, "mlx_fp4: quantizing", progress):
+        new = _convert(m, gs, path, report, layer_mode)
         if new is not m:
             mx.eval(new.parameters())
             converted.append((path, new))

@@ -41,6 +41,8 @@ from .layers.sharded import (
     _shard_fp4_arrays,
     _take,
 )
+from .layers.sharded_switch import quantize_experts_with_amax, shard_switch_arrays
+from .layers.switch import FP4SwitchLinear, switch_kind
 
 __all__ = [
     "FP4AllToShardedLinear",
@@ -50,6 +52,7 @@ __all__ = [
     "shard_model",
     "quantize",
     "global_scales",
+    "group_max",
 ]
 
 
@@ -101,14 +104,16 @@ def shard_inplace(
 ):
     """``mlx.nn.layers.distributed.shard_inplace`` that splits FP4 layers block-aware.
 
-    Parameters of :class:`mlx_fp4.nn.FP4Linear` layers inside ``module`` (or
-    ``module`` itself) are split consistently: the predicate is asked about
-    ``<layer>.weight`` only; its axis (0/-2: rows, 1/-1: K) and segments are
-    applied to ``weight`` (packed columns), ``scales`` (one per 16 K elements) and
-    ``bias`` (split with the rows, kept whole on a K split) together. The global
-    scale is not a parameter and stays as it is. Every other parameter is split
-    exactly as MLX does. As with MLX, the module does not change type, so it
-    computes a partial result and does no communication.
+    Parameters of :class:`mlx_fp4.nn.FP4Linear` and :class:`mlx_fp4.nn.FP4SwitchLinear`
+    layers inside ``module`` (or ``module`` itself) are split consistently: the predicate is
+    asked about ``<layer>.weight`` only; its axis and segments are applied to ``weight``
+    (packed columns), ``scales`` (one per 16 K elements) and ``bias`` together. FP4Linear:
+    0/-2 rows (bias split with them), 1/-1 K (bias whole). FP4SwitchLinear ``[E, N, K/8]``
+    (mlx-lm's MoE plan: gate/up "all-to-sharded" = rows, down "sharded-to-all" = K):
+    1/-2 rows, 2/-1 K, 0/-3 experts (layers/sharded_switch.py). K splits only on 16-element
+    blocks. The global scale stays whole (per-expert scales are split only with the
+    experts). Every other parameter is split exactly as MLX does. As with MLX, the module
+    does not change type, so it computes a partial result and does no communication.
     """
     where = "mlx_fp4.distributed.shard_inplace"
     if isinstance(sharding, str):
@@ -124,7 +129,7 @@ def shard_inplace(
     fp4 = {
         path: m
         for path, m in module.named_modules()
-        if is_fp4_linear(m) or isinstance(m, _FP4Sharded)
+        if is_fp4_linear(m) or isinstance(m, (_FP4Sharded, FP4SwitchLinear))
     }
     for path, m in fp4.items():
         if isinstance(m, _FP4Sharded):
@@ -142,6 +147,9 @@ def shard_inplace(
         if s is None:
             continue
         axis, segs = (s, 1) if isinstance(s, int) else s
+        if isinstance(m, FP4SwitchLinear):
+            plans[path] = shard_switch_arrays(m, axis, segs, group, f"{where}: {path or 'module'}")
+            continue
         if axis in (0, -2):
             kind = "all-to-sharded"
         elif axis in (1, -1):
@@ -149,7 +157,8 @@ def shard_inplace(
         else:
             raise ValueError(f"[{where}] {wpath}: axis {axis} is not an axis of a 2-D weight.")
         w, scales, bias, _, _, _ = _fp4_arrays(m, f"{where}: {path or 'module'}")
-        plans[path] = _shard_fp4_arrays(w, scales, bias, kind, segs, group, f"{where}: {path or 'module'}")
+        w, scales, bias = _shard_fp4_arrays(w, scales, bias, kind, segs, group, f"{where}: {path or 'module'}")
+        plans[path] = {"weight": w, "scales": scales, "bias": bias}
 
     new = []
     for p, a in tree_flatten(module.parameters()):
@@ -157,9 +166,8 @@ def shard_inplace(
             continue
         prefix, leaf = owner(p)
         if prefix is not None and leaf in ("weight", "scales", "bias", "global_scale"):
-            if prefix in plans:
-                w, scales, bias = plans[prefix]
-                a = {"weight": w, "scales": scales, "bias": bias}.get(leaf, a)  # global_scale: whole
+            if prefix in plans and plans[prefix].get(leaf) is not None:
+                a = plans[prefix][leaf]  # a global_scale not in the plan stays whole
             new.append((p, a))
             continue
         s = predicate(p, a)
@@ -204,11 +212,56 @@ class _ShardProxy(nn.QuantizedLinear):
         return super().parameters()
 
 
+class _SwitchShardProxy(nn.Module):
+    """An FP4SwitchLinear's ``weight``/``scales``/``bias`` without its per-expert global scale,
+    for the duration of ``model.shard()``: mlx-lm's MoE plan splits it in place with MLX's
+    ``shard_inplace`` (which would split ``global_scale [E]`` along the experts), whatever the
+    model does to the bias (gpt-oss divides it) happens here, and :func:`shard_model` turns it
+    back into an FP4SwitchLinear with the whole global scale. ``parameters()`` notes the path."""
+
+    def __init__(self, layer: FP4SwitchLinear, path: str, log: list):
+        super().__init__()
+        self.weight, self.scales = layer["weight"], layer["scales"]
+        if "bias" in layer:
+            self.bias = layer["bias"]
+        self.freeze()
+        object.__setattr__(self, "_fp4_path", path)
+        object.__setattr__(self, "_fp4_log", log)
+
+    def parameters(self):
+        self._fp4_log.append(self._fp4_path)
+        return super().parameters()
+
+
+def _switch_back(m: nn.Module, source: FP4SwitchLinear, path: str) -> Optional[nn.Module]:
+    """What the model's plan made of a switch proxy, as an FP4SwitchLinear (None: replaced)."""
+    if not isinstance(m, _SwitchShardProxy):
+        return None
+    w, scales, bias = m["weight"], m["scales"], m.get("bias")
+    if w is source["weight"] and scales is source["scales"] and bias is source.get("bias"):
+        return source  # not split
+    where = f"{path}: [mlx_fp4.distributed.shard_model]"
+    e, n, words = w.shape
+    if scales.shape[:2] != (e, n) or scales.shape[2] * source.group_size != words * (32 // BITS):
+        raise ValueError(
+            f"{where} the model's plan split the experts' weight {tuple(w.shape)} and scales "
+            f"{tuple(scales.shape)} inconsistently (K off the {source.group_size}-element {source.mode} "
+            "blocks); split K on block boundaries."
+        )
+    gs = source.get("global_scale")
+    if gs is not None and e != source.num_experts:
+        raise ValueError(
+            f"{where} the model's plan split the experts ({source.num_experts} -> {e}); the "
+            "per-expert global scales cannot follow it here: use mlx_fp4.distributed.shard_inplace."
+        )
+    return FP4SwitchLinear.from_arrays(w, scales, gs, bias, f"mlx_fp4.distributed.shard_model: {path}", mode=source.mode)
+
+
 def _split_error(path: str, layer: FP4Linear, n_ranks: int, err: Exception) -> ValueError:
     """The error of a failed ``model.shard()`` at ``path``, in shard_linear's words."""
     try:
         _rank_pieces(layer.input_dims, 1, n_ranks, "mlx_fp4.distributed.shard_model",
-                     "the input (K)", block=GROUP_SIZE)
+                     "the input (K)", block=layer.group_size)
     except ValueError as e:
         return ValueError(f"{path}: {e}")
     return ValueError(f"{path}: {err}")
@@ -251,7 +304,8 @@ def _restore(model: nn.Module, sources: dict) -> None:
     new = []
     for p, src in sources.items():
         m = modules.get(p)
-        fp4 = _back_to_fp4(m, src, p) if m is not None else None
+        back = _switch_back if isinstance(src, FP4SwitchLinear) else _back_to_fp4
+        fp4 = back(m, src, p) if m is not None else None
         if fp4 is not None:
             new.append((p, fp4))
     if new:
@@ -262,11 +316,13 @@ def shard_model(model: nn.Module, group: Optional[mx.distributed.Group] = None) 
     """Tensor-parallel shard an mlx-lm model that has FP4 layers; returns ``model``.
 
     Runs the model's own plan, ``model.shard(group)`` (q/k/v/gate/up all-to-sharded,
-    o/down sharded-to-all, heads divided). Every FP4Linear is handed to it as an MLX nvfp4
-    ``QuantizedLinear`` over the same bytes; afterwards what MLX's ``shard_linear`` made of
-    it becomes an :class:`FP4AllToShardedLinear`/:class:`FP4ShardedToAllLinear` and what
-    ``shard_inplace`` split stays an FP4Linear, each with its global scale. Everything else is
-    sharded by MLX. Works before or after ``mlx_fp4.nn.quantize``; for a model sharded first
+    o/down sharded-to-all, heads divided; MoE experts split in place, gate/up by rows and down
+    along K, with one ``all_sum`` in the MoE block). Every FP4Linear is handed to it as an MLX
+    nvfp4 ``QuantizedLinear`` over the same bytes, every FP4SwitchLinear as its arrays without
+    the per-expert global scales; afterwards what MLX's ``shard_linear`` made of a linear
+    becomes an :class:`FP4AllToShardedLinear`/:class:`FP4ShardedToAllLinear`, what
+    ``shard_inplace`` split stays an FP4Linear / FP4SwitchLinear, each with its global
+    scale(s) whole. Everything else is sharded by MLX. Works before or after ``mlx_fp4.nn.quantize``; for a model sharded first
     use :func:`quantize`. If a layer cannot be split (e.g. K not on 16-element blocks) every
     rank raises ValueError naming the layer and the model is left partly sharded: rebuild it.
     """
@@ -277,12 +333,19 @@ def shard_model(model: nn.Module, group: Optional[mx.distributed.Group] = None) 
             "method (mlx-lm models that support tensor parallelism define one)."
         )
     group = group or mx.distributed.init()
-    sources = {p: m for p, m in model.named_modules() if p and isinstance(m, FP4Linear)}
+    sources = {p: m for p, m in model.named_modules() if p and isinstance(m, (FP4Linear, FP4SwitchLinear))}
+    for p, m in sources.items():
+        if isinstance(m, FP4Linear) and m.mode != MODE:
+            raise ValueError(
+                f"{p}: [mlx_fp4.distributed.shard_model] the sharded linear layers hold mode='nvfp4' only "
+                f"but this FP4Linear has mode={m.mode!r} (FP4SwitchLinear experts shard in either mode)."
+            )
     log: list = []
     if sources:
-        model.update_modules(
-            tree_unflatten([(p, _ShardProxy(m, p, log)) for p, m in sources.items()])
-        )
+        def proxy(p, m):
+            return (_SwitchShardProxy if isinstance(m, FP4SwitchLinear) else _ShardProxy)(m, p, log)
+
+        model.update_modules(tree_unflatten([(p, proxy(p, m)) for p, m in sources.items()]))
     try:
         shard(group)
     except ValueError as e:
@@ -308,12 +371,70 @@ def _sharded_kind(m) -> Optional[str]:
     return None
 
 
+def group_max(local: mx.array, group: mx.distributed.Group) -> mx.array:
+    """Elementwise max of ``local`` over the ranks, exactly, through one ``all_sum``: every rank
+    fills its own row of an otherwise zero [ranks, ...] array (adding zeros is exact). all_sum is
+    the one collective every backend has (some NCCL builds of MLX lack all_gather and all_max)."""
+    n = group.size()
+    if n == 1:
+        return local
+    rows = mx.zeros((n, *local.shape), local.dtype)
+    rows[group.rank()] = local
+    return mx.max(mx.distributed.all_sum(rows, group=group), axis=0)
+
+
+def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
+    """The experts of a model sharded first, before convert.quantize: mlx-lm's plan split them in
+    place (type unchanged), so each rank holds row or K slices of every expert. Without a global
+    scale convert.quantize's per-shard quantization is already the sliced bytes (blocks never
+    straddle a block-aligned split); with one, each expert's amax is taken over the group (max of
+    the ranks' slices; a replicated layer gives its own), as when converting first. An nvfp4
+    QuantizedSwitchLinear whose global scales MLX split along the experts is refused."""
+    todo = []
+    for path, m in model.named_modules():
+        kind = switch_kind(m)
+        gs = m.get("global_scale") if kind == "nvfp4-switch" else None
+        if gs is not None and gs.shape != (m["weight"].shape[0],):
+            raise ValueError(
+                f"[{where}] {path}: global_scale {tuple(gs.shape)} no longer has one entry per expert "
+                f"({m['weight'].shape[0]}): MLX's shard_inplace split the per-expert global scales along "
+                "the experts. Shard FP4 experts with mlx_fp4.distributed.shard_model / shard_inplace."
+            )
+        if kind != "switch":
+            continue
+        sel = True if class_predicate is None else class_predicate(path, m)
+        if sel is False or sel is None:
+            continue
+        opts = sel if isinstance(sel, dict) else {}
+        if opts.get("mode", MODE) != MODE:
+            continue  # no global scale outside nvfp4: convert.quantize's per-shard bytes are exact
+        gs = opts.get("global_scale", global_scale)
+        if not isinstance(gs, bool):
+            raise ValueError(f"[{where}] {path}: global_scale expected True or False but got {gs!r}.")
+        if gs:
+            todo.append((path, m))
+    if not todo:
+        return
+    local = mx.concatenate([mx.max(mx.abs(m.weight), axis=(-2, -1)).astype(mx.float32) for _, m in todo])
+    amax = group_max(local, group)
+    mx.eval(amax)
+    new, start = [], 0
+    for path, m in todo:
+        e = m.weight.shape[0]
+        g = amax[start : start + e]
+        start += e
+        q, sc = quantize_experts_with_amax(m.weight, g)
+        new.append((path, FP4SwitchLinear.from_arrays(q, sc, g, m.get("bias"), f"{where}: {path}")))
+    model.update_modules(tree_unflatten(new))
+
+
 def quantize(
     model: nn.Module,
     *,
     class_predicate=None,
     global_scale: bool = False,
     progress: bool = True,
+    group: Optional[mx.distributed.Group] = None,
 ) -> nn.Module:
     """Convert a model that was sharded first (``model.shard()``) to FP4; in place.
 
@@ -327,10 +448,13 @@ def quantize(
     The result equals converting first and sharding after, bit for bit, when
     the earlier split of K was on 16-element boundaries: blocks never straddle
     ranks, and with ``global_scale=True`` the per-tensor scale is the amax over
-    the whole tensor (one ``all_gather`` of the local amaxes per group, all layers
+    the whole tensor (one ``all_sum`` of the local amaxes per group, all layers
     batched),
     not over the local shard. Every rank must call this (collective when
-    ``global_scale`` is requested).
+    ``global_scale`` is requested). mlx-lm MoE experts split in place by the model's plan
+    (``SwitchLinear``, type unchanged) are converted the same way: with ``global_scale`` each
+    expert's amax is taken over ``group`` (default: ``mx.distributed.init()``), so the bytes
+    and per-expert scales are those of converting first.
     """
     where = "mlx_fp4.distributed.quantize"
     if not isinstance(global_scale, bool):
@@ -376,12 +500,7 @@ def quantize(
     mods = {p: m for p, m, *_ in todo}
     for group, paths in by_group.values():
         local = mx.stack([mx.max(mx.abs(mods[p].weight.astype(mx.float32))) for p in paths])
-        # all_gather + max rather than all_max: all_gather exists on every backend.
-        total = (
-            mx.max(mx.distributed.all_gather(local[None], group=group), axis=0)
-            if group.size() > 1
-            else local
-        )
+        total = group_max(local, group)
         mx.eval(total)
         for i, p in enumerate(paths):
             amax[p] = total[i]
@@ -409,5 +528,6 @@ def quantize(
     if converted:
         model.update_modules(tree_unflatten(converted))
 
+    _switch_shards(model, class_predicate, global_scale, group or mx.distributed.init(), where)
     convert.quantize(model, class_predicate=class_predicate, global_scale=global_scale, progress=progress)
     return model

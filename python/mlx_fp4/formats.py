@@ -1,7 +1,9 @@
 """Format facts shared by every Python module: modes, group sizes, the global-scale
 convention and the argument checks. Defined once here; nothing in mlx_fp4 redefines them.
 
-NVFP4 stores E2M1 values with one E4M3 scale per 16 weights. A per-tensor *global scale*
+MXFP4 (``mode="mxfp4"``, gpt-oss) stores the same E2M1 values with one E8M0 scale (a power
+of two) per 32 weights and has no global scale. NVFP4 stores E2M1 values with one E4M3 scale
+per 16 weights. A per-tensor *global scale*
 extends the E4M3 range: MLX (``mx.quantize``/``mx.dequantize``/``mx.gather_qmm``) takes it as
 the tensor's fp32 ``amax`` and decodes ``w = e2m1 * e4m3 * multiplier`` with
 ``multiplier = global_scale / 2688`` (2688 = 6 * 448, the largest E2M1 value times the
@@ -18,8 +20,9 @@ import numpy as np
 
 # mode -> (group_size, bits), as in mlx.nn.quantize / mlx_lm.utils.quantize_model.
 MODE_DEFAULTS = {"nvfp4": (16, 4), "mxfp4": (32, 4)}
-MODE = "nvfp4"  # the mode mlx_fp4's kernels implement
-GROUP_SIZE, BITS = MODE_DEFAULTS[MODE]
+MODE = "nvfp4"  # the default mode (the kernels implement every mode of MODE_DEFAULTS)
+MODES = tuple(MODE_DEFAULTS)
+GROUP_SIZE, BITS = MODE_DEFAULTS[MODE]  # NVFP4's; mode-aware code uses group_size_of(mode)
 VALUES_PER_U32 = 32 // BITS  # packed E2M1 values in one uint32 of `weight`
 
 E2M1_MAX = 6.0
@@ -37,21 +40,35 @@ def describe(a: mx.array) -> str:
     return f"{dtype_name(a.dtype)} {list(a.shape)}"
 
 
-def check_config(group_size, bits, mode, where: str) -> None:
-    """Accept what mlx.nn.quantize would pass for nvfp4 (None means the mode's default)."""
-    if mode != MODE:
+def group_size_of(mode: str) -> int:
+    """Weights per scale of a mode: 16 (nvfp4) or 32 (mxfp4)."""
+    return MODE_DEFAULTS[mode][0]
+
+
+def check_config(group_size, bits, mode, where: str):
+    """Accept what mlx.nn.quantize would pass for nvfp4 or mxfp4 (None means the mode's
+    default); returns the mode's (group_size, bits)."""
+    if mode not in MODE_DEFAULTS:
         raise ValueError(
-            f"[{where}] mode expected 'nvfp4' but got {mode!r} "
-            "(mlx_fp4's layers implement NVFP4 only)."
+            f"[{where}] mode expected 'nvfp4' or 'mxfp4' but got {mode!r} "
+            "(mlx_fp4's layers implement the FP4 modes only)."
         )
-    if group_size not in (None, GROUP_SIZE):
-        raise ValueError(f"[{where}] group_size expected 16 (nvfp4) but got {group_size}.")
-    if bits not in (None, BITS):
-        raise ValueError(f"[{where}] bits expected 4 (nvfp4) but got {bits}.")
+    want_group, want_bits = MODE_DEFAULTS[mode]
+    if group_size not in (None, want_group):
+        raise ValueError(f"[{where}] group_size expected {want_group} ({mode}) but got {group_size}.")
+    if bits not in (None, want_bits):
+        raise ValueError(f"[{where}] bits expected {want_bits} ({mode}) but got {bits}.")
+    return want_group, want_bits
 
 
-def check_scales(scales: mx.array, n: int, k: int, where: str, name: str = "scales") -> None:
-    want = (n, k // GROUP_SIZE)
+def check_no_global_scale(mode: str, global_scale, where: str) -> None:
+    """mxfp4 has no tensor scale (as in mx.quantize): one given with it is a ValueError."""
+    if mode != MODE and global_scale is not None and global_scale is not False:
+        raise ValueError(f"[{where}] global_scale is only supported for mode 'nvfp4' but got one with {mode!r}.")
+
+
+def check_scales(scales: mx.array, n: int, k: int, where: str, name: str = "scales", mode: str = MODE) -> None:
+    want = (n, k // group_size_of(mode))
     if scales.dtype != mx.uint8 or tuple(scales.shape) != want:
         raise ValueError(
             f"[{where}] {name} expected uint8 {list(want)} but got {describe(scales)}."

@@ -2,6 +2,7 @@
 // from stdin, one per line:
 //   plan N K M dtype(bf16|f16|f32) vec(0|1) staged(0|1) [path_override|-] [tc_override|-]
 //     -> "path mt rt kw staged"          (path: simt | tc | dequant)
+//   plan_mxfp4 ...: the same for MXFP4 scales
 //   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
 //     -> "vector staged"                 (vector_loads_ok, staged_loads_ok on those addresses)
 // Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90).
@@ -36,7 +37,8 @@ int main() {
     std::string what;
     in >> what;
     fp4::W4A16Problem p{};
-    if (what == "plan") {
+    if (what == "plan" || what == "plan_mxfp4") {
+      p.mode = what == "plan" ? fp4::kModeNvfp4 : fp4::kModeMxfp4;
       std::string dt, path_o = "-", tc_o = "-";
       int vec = 0, staged = 0;
       in >> p.n >> p.k >> p.m >> dt >> vec >> staged >> path_o >> tc_o;

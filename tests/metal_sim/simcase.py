@@ -45,16 +45,16 @@ def symbolize(runner, stderr):
 
 def run_case(runner, case_dir, *, m, n, k, x, w_packed, scales, x_dtype, out_dtype,
              global_scale=None, epilogue=(), force="auto", guard="end", workers=2, timeout=300,
-             schedule="forward"):
+             schedule="forward", mode=0):
     """x: float array [m, k] already representable in x_dtype; w_packed uint8 [n, row_bytes];
-    scales uint8 [n, ceil(k/16)]; epilogue: list of (name, operand array or float or None,
+    scales uint8 [n, ceil(k/16)] (mode 1, MXFP4: E8M0 [n, ceil(k/32)]); epilogue: list of (name, operand array or float or None,
     p1) with operand kinds inferred from the shape. Returns (out float64 [m, n], plan dict)."""
     d = Path(case_dir)
     d.mkdir(parents=True, exist_ok=True)
     spec = [f"m {m}", f"n {n}", f"k {k}", f"w_row_bytes {w_packed.shape[1]}",
             f"scale_row_bytes {scales.shape[1]}", f"x_dtype {x_dtype}", f"out_dtype {out_dtype}",
             f"has_gs {0 if global_scale is None else 1}", f"force {force}", f"guard {guard}",
-            f"workers {workers}"]
+            f"workers {workers}", f"mode {mode}"]
     np.ascontiguousarray(np.asarray(x).astype(NP_DTYPE[x_dtype])).tofile(d / "x.bin")
     np.ascontiguousarray(w_packed, dtype=np.uint8).tofile(d / "w.bin")
     np.ascontiguousarray(scales, dtype=np.uint8).tofile(d / "scales.bin")

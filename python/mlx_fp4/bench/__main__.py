@@ -2,7 +2,8 @@
 
 python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
 python -m mlx_fp4.bench metal-report [...]: correctness + speed report for Apple GPUs (bench/metal_report.py).
-python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py)."""
+python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py).
+python -m mlx_fp4.bench sharded [...]: tensor-parallel decode/prefill under mlx.launch (bench/sharded.py)."""
 
 import argparse
 import math
@@ -42,13 +43,15 @@ def parse_args(argv=None):
                    "(default 2x last-level cache on cpu, 256 on gpu; 0 = one copy)")
     p.add_argument("--max-products", type=int, help="most independent products per mx.eval (128 gpu, 32 cpu)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=tuple(shapes.MODE_GROUP), default="nvfp4",
+                   help="FP4 format of ours and of MLX's kernel (mlx_nvfp4 runs mx.quantized_matmul in this mode)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return p.parse_args(argv)
 
 
 # Subcommands, each a module of this package with its own main(argv).
-SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe"}
+SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe", "sharded": "sharded"}
 
 
 def main(argv=None) -> int:
@@ -65,7 +68,9 @@ def main(argv=None) -> int:
         return 2
     mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
 
-    shape_list = [shapes.parse_shape(s) for s in args.shapes] if args.shapes else shapes.default_shapes(args.quick)
+    group = shapes.MODE_GROUP[args.mode]
+    shape_list = ([shapes.parse_shape(s, group) for s in args.shapes] if args.shapes
+                  else shapes.default_shapes(args.quick, group))
     m_list = sorted(set(args.m)) if args.m else shapes.default_m(device, args.quick)
     if any(m <= 0 for m in m_list):
         raise SystemExit(f"[bench] --m expected positive integers but got {m_list}")
@@ -127,7 +132,7 @@ def main(argv=None) -> int:
     extrap = timing.Extrapolator()
     points, checks = [], {}
     for shape in shape_list:
-        ws = baselines.WeightSet(shape, seed=args.seed)
+        ws = baselines.WeightSet(shape, seed=args.seed, mode=args.mode)
         if device == "cpu":
             bar.set_postfix_str(f"{shape.name} copy roofline")
             roof = baselines.cpu_copy_roofline(shape.weight_bytes, threads, rotate_bytes, mem_cap, cfg)
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
         "device": info,
         "config": {"shapes": [s.name for s in shape_list], "m": m_list, "quick": args.quick,
                    "repeats": cfg.repeats, "budget_s": cfg.budget_s if math.isfinite(cfg.budget_s) else None,
-                   "seed": args.seed},
+                   "seed": args.seed, "mode": args.mode},
         "timing_method": {
             "description": cfg.describe(),
             "statistic": "median over repeats of (eval wall time / products per eval)",
@@ -203,13 +208,13 @@ def main(argv=None) -> int:
             "weights": "random FP4 codes and E4M3 scale codes 0x08..0x27 (values do not change the timing)",
         },
         "rooflines": rooflines,
-        "implementations": {i.name: i.label for i in impls},
+        "implementations": {i.name: i.label.replace('"nvfp4"', f'"{args.mode}"') for i in impls},
         "ours": OURS,
         "checks": checks,
         "points": points,
     }
-    base = os.path.join(args.out, f"{STEM}_{device}")
-    text = report.table(points, OURS, [i.name for i in impls])
+    base = os.path.join(args.out, f"{STEM}_{device}" + ("" if args.mode == "nvfp4" else f"_{args.mode}"))
+    text = report.table(points, OURS, [i.name for i in impls], args.mode)
     print()
     print(text)
     print(report.roofline_lines(doc))
@@ -236,7 +241,7 @@ def correctness_check(impl, ws, shape, seed: int, m: int = 3) -> dict:
     ref = np.array(x.astype(mx.float32)).astype(np.float64) @ ws.dense_f32_np.T.astype(np.float64)
     rel = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
     # bf16 output rounding alone gives ~2^-9 relative error.
-    return {"m": m, "rel_err": rel, "ok": bool(rel < 1e-2), "reference": "float64 numpy on mx.dequantize(nvfp4)"}
+    return {"m": m, "rel_err": rel, "ok": bool(rel < 1e-2), "reference": f"float64 numpy on mx.dequantize({ws.mode})"}
 
 
 if __name__ == "__main__":

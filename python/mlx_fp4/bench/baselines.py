@@ -2,7 +2,8 @@
 
 Implementations (name -> what one product is):
   mlx_fp4         mlx_fp4.w4a16_matmul(x, packed_uint8, scales)                      (ours)
-  mlx_nvfp4       mx.quantized_matmul(x, packed_uint32, scales, mode="nvfp4", ...)    (MLX's own)
+  mlx_nvfp4       mx.quantized_matmul(x, packed_uint32, scales, mode=<--mode>, ...)  (MLX's own, in the
+                  bench's mode: nvfp4 by default, mxfp4 with --mode mxfp4)
   mlx_dense_bf16  mx.matmul(x, w_bf16.T) on the dequantized weight                     (dense)
   numpy_fp32      numpy.matmul(x, w_fp32.T) on the dequantized weight (CPU only; compute roofline)
 Rooflines: CPU: a threaded numpy copy of a buffer the size of the packed weights + scales;
@@ -10,7 +11,8 @@ GPU: an MLX copy of a large buffer, and the dense bf16 mx.matmul peak on a large
 
 Weights are random codes, not quantized floats: timing does not depend on the values, and
 mx.quantize(mode="nvfp4") takes seconds per layer on the CPU. FP4 nibbles are uniform over all
-16 codes; scale bytes are E4M3 codes 0x08..0x27 (2^-6 .. 2^-2), never the NaN codes 0x7F/0xFF.
+16 codes; scale bytes are E4M3 codes 0x08..0x27 (2^-6 .. 2^-2), never the NaN codes 0x7F/0xFF
+(mxfp4: E8M0 codes 121..126, 2^-6 .. 2^-1).
 """
 
 import dataclasses
@@ -55,17 +57,26 @@ def copies_for(bytes_per_copy: int, rotate_bytes: int, mem_cap_bytes: int) -> in
     return int(min(want, fit, MAX_COPIES))
 
 
-class WeightSet:
-    """One layer's NVFP4 weight in every form the implementations need (built lazily)."""
+E8M0_CODES = (121, 127)  # [lo, hi): 2^-6 .. 2^-1
 
-    def __init__(self, shape: Shape, seed: int = 0):
+
+class WeightSet:
+    """One layer's FP4 weight (``mode`` nvfp4 or mxfp4) in every form the implementations need
+    (built lazily)."""
+
+    def __init__(self, shape: Shape, seed: int = 0, mode: str = "nvfp4"):
         self.shape = shape
+        self.mode = mode
         rng = np.random.default_rng(seed)
         n, k = shape.n, shape.k
+        blocks = (k + shape.group - 1) // shape.group
         self.packed_np = rng.integers(0, 256, size=(n, (k + 1) // 2), dtype=np.uint8)
-        exp = rng.integers(1, 5, size=(n, (k + GROUP_SIZE - 1) // GROUP_SIZE), dtype=np.uint8)
-        mant = rng.integers(0, 8, size=exp.shape, dtype=np.uint8)
-        self.scales_np = (exp << 3) | mant
+        if mode == "mxfp4":
+            self.scales_np = rng.integers(*E8M0_CODES, size=(n, blocks), dtype=np.uint8)
+        else:
+            exp = rng.integers(1, 5, size=(n, blocks), dtype=np.uint8)
+            mant = rng.integers(0, 8, size=exp.shape, dtype=np.uint8)
+            self.scales_np = (exp << 3) | mant
         self.packed = mx.array(self.packed_np)
         self.scales = mx.array(self.scales_np)
         mx.eval(self.packed, self.scales)
@@ -81,7 +92,7 @@ class WeightSet:
     def dense_bf16(self):
         if self._dense is None:
             self._dense = mx.dequantize(
-                self.packed_u32, self.scales, group_size=GROUP_SIZE, bits=4, mode="nvfp4", dtype=mx.bfloat16
+                self.packed_u32, self.scales, group_size=self.shape.group, bits=4, mode=self.mode, dtype=mx.bfloat16
             )
             mx.eval(self._dense)
         return self._dense
@@ -103,6 +114,7 @@ class MlxImpl:
     def __init__(self):
         self.copies = []
         self._next = itertools.count()
+        self.mode, self.group = "nvfp4", GROUP_SIZE  # set from the WeightSet in setup
 
     def weight_bytes(self, shape: Shape) -> int:
         return shape.weight_bytes
@@ -114,6 +126,7 @@ class MlxImpl:
         raise NotImplementedError
 
     def setup(self, ws: WeightSet, copies: int) -> None:
+        self.mode, self.group = ws.mode, ws.shape.group
         src = self.sources(ws)
         self.copies = []
         for _ in range(copies):
@@ -160,7 +173,7 @@ class Fp4Impl(MlxImpl):
         return (ws.packed, ws.scales)
 
     def product(self, x, w):
-        return self._op(x, w[0], w[1])
+        return self._op(x, w[0], w[1], mode=self.mode)
 
 
 class MlxNvfp4Impl(MlxImpl):
@@ -171,7 +184,7 @@ class MlxNvfp4Impl(MlxImpl):
         return (ws.packed_u32, ws.scales)
 
     def product(self, x, w):
-        return mx.quantized_matmul(x, w[0], w[1], transpose=True, group_size=GROUP_SIZE, bits=4, mode="nvfp4")
+        return mx.quantized_matmul(x, w[0], w[1], transpose=True, group_size=self.group, bits=4, mode=self.mode)
 
 
 class MlxDenseImpl(MlxImpl):

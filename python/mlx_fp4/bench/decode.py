@@ -23,6 +23,7 @@ import time
 
 import mlx.core as mx
 
+from ..formats import MODE_DEFAULTS
 from .plot import pyplot
 
 VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused")
@@ -57,6 +58,18 @@ PRESETS = {
         num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5,
         rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512,
+    ),
+    # gpt-oss-20b (MXFP4 as published: 32 experts, top-4; the quantized variants use mode="mxfp4":
+    # the mlx_nvfp4 variant is then MLX's mxfp4 layers). Even layer counts (sliding / full pairs).
+    "gpt-oss-20b": dict(
+        module="gpt_oss", model_type="gpt_oss", mode="mxfp4", hidden_size=2880, intermediate_size=2880,
+        num_local_experts=32, num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        vocab_size=201088, rms_norm_eps=1e-5, sliding_window=128, rope_theta=150000,
+    ),
+    "tiny-gpt-oss": dict(
+        module="gpt_oss", model_type="gpt_oss", mode="mxfp4", hidden_size=64, intermediate_size=64,
+        num_local_experts=4, num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=256, rms_norm_eps=1e-5, sliding_window=8, rope_theta=150000,
     ),
     # CI-sized Llama (runs in seconds on a CPU).
     "tiny": dict(
@@ -101,6 +114,7 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
 
     cfg = dict(PRESETS[preset])
     module = importlib.import_module(f"mlx_lm.models.{cfg.pop('module')}")
+    mode = cfg.pop("mode", "nvfp4")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs(num_hidden_layers=layers, **cfg))
     model.set_dtype(mx.bfloat16)
@@ -110,13 +124,13 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
         # the three quantized variants.
         from mlx_lm.models.switch_layers import SwitchLinear
 
-        nn.quantize(model, group_size=16, bits=4, mode="nvfp4",
+        nn.quantize(model, group_size=MODE_DEFAULTS[mode][0], bits=4, mode=mode,
                     class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
         mx.eval(model.parameters())
     if variant in ("fp4", "fp4_fused"):
         from mlx_fp4 import nn as fnn
 
-        fnn.quantize(model, progress=False)
+        fnn.quantize(model, mode=mode, progress=False)
         if variant == "fp4_fused":
             fnn.fuse_swiglu(model)
     return model

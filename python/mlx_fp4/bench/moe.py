@@ -38,6 +38,8 @@ def parse_args(argv):
     p.add_argument("--max-products", type=int, default=8)
     p.add_argument("--out", default="bench-out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=("nvfp4", "mxfp4"), default="nvfp4",
+                   help="FP4 format of ours and of mx.gather_qmm (the mlx_nvfp4 column runs this mode)")
     for key, v in QWEN3_30B_A3B.items():  # other layer shapes (e.g. a small one for tests)
         p.add_argument("--" + key.replace("_", "-"), type=int, default=v, help=f"default {v} (Qwen3-30B-A3B)")
     return p.parse_args(argv)
@@ -47,14 +49,15 @@ class Experts:
     """The three stacked expert matrices, as nvfp4 (MLX's quantizer, shared by both nvfp4
     implementations) and dense (bf16, or float32 on the CPU)."""
 
-    def __init__(self, cfg, seed, want_dense):
+    def __init__(self, cfg, seed, want_dense, mode="nvfp4"):
         e, h, i = cfg["experts"], cfg["hidden"], cfg["moe_intermediate"]
+        self.mode = mode
         key = mx.random.key(seed)
         self.q, self.dense = {}, {}
         self.dense_dtype = mx.bfloat16 if mx.default_device() == mx.gpu else mx.float32
         for j, (name, shape) in enumerate({"gate": (e, i, h), "up": (e, i, h), "down": (e, h, i)}.items()):
             w = (mx.random.normal(shape, key=mx.random.split(key, 3)[j]) * 0.02).astype(mx.bfloat16)
-            self.q[name] = mx.quantize(w, mode="nvfp4")[:2]
+            self.q[name] = mx.quantize(w, mode=mode)[:2]
             if want_dense:
                 self.dense[name] = w.astype(self.dense_dtype)
             mx.eval(self.q[name], self.dense.get(name, self.q[name][0]))
@@ -69,11 +72,11 @@ def matmul_fn(impl, experts):
 
     def ours(name, x, idx, sort):
         w, s = experts.q[name]
-        return mlx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, sorted_indices=sort)
+        return mlx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, sorted_indices=sort, mode=experts.mode)
 
     def mlx_nvfp4(name, x, idx, sort):
         w, s = experts.q[name]
-        return mx.gather_qmm(x, w, s, rhs_indices=idx, transpose=True, mode="nvfp4", sorted_indices=sort)
+        return mx.gather_qmm(x, w, s, rhs_indices=idx, transpose=True, mode=experts.mode, sorted_indices=sort)
 
     def dense(name, x, idx, sort):
         w = experts.dense[name]
@@ -128,11 +131,12 @@ def main(argv) -> int:
     mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
     cfg = {key: getattr(args, key) for key in QWEN3_30B_A3B}
     tokens = sorted(set(args.tokens)) if args.tokens else DECODE_TOKENS + PREFILL_TOKENS
-    experts = Experts(cfg, args.seed, "dense" in args.impls)
+    experts = Experts(cfg, args.seed, "dense" in args.impls, args.mode)
+    labels = {k: v.replace("nvfp4", args.mode) for k, v in IMPLS.items()}
     tcfg = timing.TimingConfig(repeats=args.repeats, budget_s=args.budget if args.budget > 0 else math.inf,
                                max_products=args.max_products)
     info = report.system_info(device)
-    print(f"mlx_fp4 MoE bench: {device} ({info['device_name']}), MoE MLP "
+    print(f"mlx_fp4 MoE bench: {device} ({info['device_name']}), {args.mode}, MoE MLP "
           f"(E={cfg['experts']}, top-{cfg['top_k']}, hidden {cfg['hidden']}, expert MLP {cfg['moe_intermediate']})")
     extrap = timing.Extrapolator()
     points = []
@@ -147,7 +151,7 @@ def main(argv) -> int:
         for impl in args.impls:
             meas = timing.measure(runner(matmul_fn(impl, experts), x, cfg, rng), tcfg, extrap.predict(impl, t))
             extrap.record(impl, t, meas.seconds)
-            point["results"][impl] = {"label": IMPLS[impl], **meas.as_dict(),
+            point["results"][impl] = {"label": labels[impl], **meas.as_dict(),
                                       "ms": meas.seconds * 1e3 if meas.seconds else None}
         mine = point["results"].get(OURS, {}).get("ms")
         point["speedup"] = {k: (r["ms"] / mine if mine and r.get("ms") else None)
@@ -156,10 +160,11 @@ def main(argv) -> int:
         points.append(point)
         print(row(point, args.impls), flush=True)
     doc = {"schema": 1, "command": "python -m mlx_fp4.bench moe " + " ".join(argv), "device": info,
-           "layer": cfg, "timing": tcfg.describe(), "implementations": {k: IMPLS[k] for k in args.impls},
+           "layer": cfg, "mode": args.mode, "timing": tcfg.describe(),
+           "implementations": {k: labels[k] for k in args.impls},
            "points": points}
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"moe_{device}")
+    base = os.path.join(args.out, f"moe_{device}" + ("" if args.mode == "nvfp4" else f"_{args.mode}"))
     report.write_json(base + ".json", doc)
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']} ({device}), mlx {info['versions']['mlx']}\n\n")

@@ -257,9 +257,10 @@ def _cell(point, impl, kind):
 BASELINE_COLUMNS = (("mlx_nvfp4", "nvfp4"), ("mlx_dense_bf16", "bf16"), ("numpy_fp32", "numpy"))
 
 
-def table(points: list, ours: str, impls: list) -> str:
+def table(points: list, ours: str, impls: list, mode: str = "nvfp4") -> str:
+    """The Markdown table; MLX's quantized column is named after the run's mode."""
     cols = ["shape", "M", "ours us", "GB/s", "TFLOP/s", "%BW", "%comp"]
-    base = [(n, short) for n, short in BASELINE_COLUMNS if n in impls]
+    base = [(n, mode if n == "mlx_nvfp4" else short) for n, short in BASELINE_COLUMNS if n in impls]
     for _, short in base:
         cols += [f"{short} us", f"x{short}"]
     rows = []

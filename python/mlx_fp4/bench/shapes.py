@@ -13,14 +13,17 @@ DEFAULT_M_CAP = {"cpu": 256, "gpu": 8192}
 QUICK_SHAPES = ((4096, 4096),)
 QUICK_M = (1, 64)
 
-# NVFP4: two E2M1 codes per byte, one E4M3 scale byte per 16 weights along K.
+# NVFP4: two E2M1 codes per byte, one E4M3 scale byte per 16 weights along K (MXFP4: one E8M0
+# byte per 32, --mode mxfp4).
 GROUP_SIZE = 16
+MODE_GROUP = {"nvfp4": 16, "mxfp4": 32}
 
 
 @dataclass(frozen=True)
 class Shape:
     n: int
     k: int
+    group: int = GROUP_SIZE  # weights per scale byte (the mode's group size)
 
     @property
     def name(self) -> str:
@@ -32,7 +35,7 @@ class Shape:
 
     @property
     def scale_bytes(self) -> int:
-        return self.n * ((self.k + GROUP_SIZE - 1) // GROUP_SIZE)
+        return self.n * ((self.k + self.group - 1) // self.group)
 
     @property
     def weight_bytes(self) -> int:
@@ -47,21 +50,21 @@ class Shape:
         return self.weight_bytes + m * self.k * act_bytes + m * self.n * act_bytes
 
 
-def parse_shape(text: str) -> Shape:
-    """Parse 'NxK' (e.g. '14336x4096'); K must be a multiple of 16 (one scale group)."""
+def parse_shape(text: str, group: int = GROUP_SIZE) -> Shape:
+    """Parse 'NxK' (e.g. '14336x4096'); K must be a multiple of the group (16, mxfp4 32)."""
     parts = text.lower().replace("*", "x").split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"[bench] --shapes expected NxK such as 4096x4096 but got {text!r}")
     n, k = (int(p) for p in parts)
-    if n <= 0 or k <= 0 or k % GROUP_SIZE:
+    if n <= 0 or k <= 0 or k % group:
         raise ValueError(
-            f"[bench] --shapes expected N > 0 and K a positive multiple of {GROUP_SIZE} but got {text!r}"
+            f"[bench] --shapes expected N > 0 and K a positive multiple of {group} but got {text!r}"
         )
-    return Shape(n, k)
+    return Shape(n, k, group)
 
 
-def default_shapes(quick: bool) -> list:
-    return [Shape(n, k) for n, k in (QUICK_SHAPES if quick else LAYER_SHAPES)]
+def default_shapes(quick: bool, group: int = GROUP_SIZE) -> list:
+    return [Shape(n, k, group) for n, k in (QUICK_SHAPES if quick else LAYER_SHAPES)]
 
 
 def default_m(device: str, quick: bool) -> list:

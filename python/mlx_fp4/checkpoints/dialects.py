@@ -49,6 +49,8 @@ def quant_info(cfgs: dict) -> dict:
     elif isinstance(qc, dict) and qc.get("quant_method") is not None:
         method = qc["quant_method"]
         info["method"] = method
+        if method == "mxfp4":  # gpt-oss on Hugging Face: *_blocks / *_scales experts
+            info["mode"] = "mxfp4"
         if method == "modelopt":
             q = qc.get("quantization", qc)
             info["algo"] = q.get("quant_algo")
@@ -81,9 +83,9 @@ def quant_info(cfgs: dict) -> dict:
         if info.get("group_size", GROUP_SIZE) != GROUP_SIZE:
             raise load_error(f"ModelOpt group_size expected 16 but got {info['group_size']}.")
     elif info["method"] == "mlx":
-        if info["mode"] != "nvfp4":
-            raise load_error(f"MLX quantization mode expected 'nvfp4' but got {info['mode']!r}.")
-    elif info["method"] not in (None, "compressed-tensors"):
+        if info["mode"] not in ("nvfp4", "mxfp4"):
+            raise load_error(f"MLX quantization mode expected 'nvfp4' or 'mxfp4' but got {info['mode']!r}.")
+    elif info["method"] not in (None, "compressed-tensors", "mxfp4"):
         raise load_error(f"quant_method {info['method']!r} is not an NVFP4 format.")
     return info
 

@@ -128,6 +128,12 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
     if config is not None:
         cfgs = config if ("config" in config or "hf_quant_config" in config) else {"config": config}
     info = quant_info(cfgs)
+    if info.get("mode") == "mxfp4":
+        # MXFP4 (gpt-oss, mlx-community mxfp4): already the layout mlx-lm reads (its model's
+        # sanitize turns the Hugging Face *_blocks / *_scales experts into weight / scales).
+        out = NVFP4Weights(weights)
+        out.dialects.add("mxfp4")
+        return out
 
     layers = classify(weights)
     out = NVFP4Weights()

@@ -125,12 +125,13 @@ def _checkpoint_class(base: type, configs: dict, aside: dict) -> type:
 
 
 def _to_fp4_layers(model: nn.Module, aside: dict, strict: bool) -> None:
-    """MLX nvfp4 layers mlx-lm built -> FP4 layers over the same bytes, global scales attached."""
+    """MLX nvfp4 / mxfp4 layers mlx-lm built -> FP4 layers over the same bytes, global scales
+    attached (nvfp4)."""
 
     def swap(path, m):
-        if linear_kind(m) == "nvfp4":
+        if linear_kind(m) in ("nvfp4", "mxfp4"):
             return FP4Linear.from_quantized(m, global_scale=aside.pop(path, None))
-        if switch_kind(m) == "nvfp4-switch":
+        if switch_kind(m) in ("nvfp4-switch", "mxfp4-switch"):
             return FP4SwitchLinear.from_quantized(m)
         return None
 
@@ -143,12 +144,14 @@ def _to_fp4_layers(model: nn.Module, aside: dict, strict: bool) -> None:
 
 
 def load_model(path, lazy: bool = False, strict: bool = True, model_config: Optional[dict] = None):
-    """``mlx_lm.utils.load_model`` for NVFP4 checkpoints: ``(model, config)`` with FP4 layers.
+    """``mlx_lm.utils.load_model`` for NVFP4 and MXFP4 checkpoints: ``(model, config)`` with FP4
+    layers. MXFP4: gpt-oss as published (``quant_method: mxfp4``, the ``*_blocks`` /
+    ``*_scales`` experts, read by mlx-lm's own ``sanitize``) and mlx-community mxfp4 folders.
 
     mlx-lm reads ``config.json`` (and ``hf_quant_config.json``), builds the architecture,
     honours ``config["quantization"]`` (per-layer recipes, quantized embeddings, affine layers:
     all left to MLX) and loads the weights; a ModelOpt, compressed-tensors or MLX checkpoint is
-    first converted to the MLX layout in the model's ``sanitize`` step. Then every MLX nvfp4
+    first converted to the MLX layout in the model's ``sanitize`` step. Then every MLX nvfp4 / mxfp4
     ``QuantizedLinear`` / ``QuantizedSwitchLinear`` becomes an :class:`FP4Linear` /
     :class:`FP4SwitchLinear` holding the same bytes and its global scale. Needs mlx-lm.
     """
@@ -157,7 +160,10 @@ def load_model(path, lazy: bool = False, strict: bool = True, model_config: Opti
     path = Path(path)
     configs = read_configs(path)
     model_config = dict(model_config or {})
-    if "quantization" not in configs.get("config", {}) and quant_info(configs)["method"] is not None:
+    if "quantization" not in configs.get("config", {}) and quant_info(configs)["method"] in (
+        "modelopt",
+        "compressed-tensors",
+    ):
         # ModelOpt / compressed-tensors: the MLX recipe mlx-lm follows for the converted
         # tensors (layers with scales after sanitize are nvfp4; the rest stays float).
         model_config.setdefault("quantization", {"group_size": GROUP_SIZE, "bits": BITS, "mode": MODE})

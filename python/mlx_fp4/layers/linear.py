@@ -1,5 +1,6 @@
-"""FP4Linear: an ``mlx.nn.QuantizedLinear(mode="nvfp4")`` whose forward pass is
-``mlx_fp4.w4a16_matmul``, and its LoRA class for mlx-lm.
+"""FP4Linear: an ``mlx.nn.QuantizedLinear(mode="nvfp4" | "mxfp4")`` whose forward pass is
+``mlx_fp4.w4a16_matmul``, and its LoRA class for mlx-lm. (mxfp4: ``scales`` ``[N, K/32]`` E8M0,
+no global scale.)
 
 ``FP4Linear`` keeps QuantizedLinear's parameter names, dtypes and shapes (``weight`` uint32
 ``[N, K/8]``, ``scales`` uint8 ``[N, K/16]``, optional ``bias`` ``[N]``) and its
@@ -27,7 +28,15 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .. import ops
-from ..formats import BITS, GROUP_SIZE, MODE, as_global_scale, check_config, check_scales, dtype_name
+from ..formats import (
+    MODE,
+    MODE_DEFAULTS,
+    as_global_scale,
+    check_config,
+    check_no_global_scale,
+    check_scales,
+    dtype_name,
+)
 
 __all__ = [
     "FP4Linear",
@@ -42,13 +51,14 @@ __all__ = [
 
 
 def linear_kind(m) -> Optional[str]:
-    """'linear' for nn.Linear, 'nvfp4' for an MLX nvfp4 QuantizedLinear,
+    """'linear' for nn.Linear, 'nvfp4' / 'mxfp4' for an MLX QuantizedLinear of that mode,
     'fp4' for FP4Linear, 'other' for other QuantizedLinear modes, else None."""
     if isinstance(m, FP4Linear):
         return "fp4"
     if isinstance(m, nn.QuantizedLinear):
-        if getattr(m, "mode", None) == MODE and m.get("biases") is None:
-            return "nvfp4"
+        mode = getattr(m, "mode", None)
+        if mode in MODE_DEFAULTS and m.get("biases") is None:
+            return mode
         return "other"
     if isinstance(m, nn.Linear):
         return "linear"
@@ -67,6 +77,7 @@ class GlobalScaleMixin:
 
     def __setattr__(self, key, val):
         if key == "global_scale":
+            check_no_global_scale(getattr(self, "mode", MODE), val, f"{type(self).__name__}.global_scale")
             val = as_global_scale(val, f"{type(self).__name__}.global_scale")
             super().__setattr__(key, val)
             if val is not None:
@@ -86,14 +97,14 @@ class GlobalScaleMixin:
 
 
 class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
-    """NVFP4 weight-only linear layer backed by ``mlx_fp4.w4a16_matmul``.
+    """FP4 (NVFP4 or MXFP4) weight-only linear layer backed by ``mlx_fp4.w4a16_matmul``.
 
     Args:
-        input_dims (int): K, a multiple of 16.
+        input_dims (int): K, a multiple of the group size (16 nvfp4, 32 mxfp4).
         output_dims (int): N.
         bias (bool): add a bias (fused into the matmul epilogue). Default ``True``.
-        group_size, bits, mode: accepted for ``QuantizedLinear`` compatibility;
-            must be ``16``, ``4`` and ``"nvfp4"`` (or ``None``).
+        group_size, bits, mode: as ``QuantizedLinear``: ``mode`` ``"nvfp4"`` (default) or
+            ``"mxfp4"``; ``group_size`` and ``bits`` must be the mode's (or ``None``).
         global_scale: optional per-tensor scale in MLX's convention (the amax, a float or
             an fp32 scalar); the dequantized weight is ``e2m1 * e4m3 * global_scale / 2688``.
 
@@ -114,7 +125,7 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
     ):
         nn.Module.__init__(self)
         self._init_config(group_size, bits, mode, input_dims, output_dims)
-        self.weight, self.scales = random_fp4_weight(output_dims, input_dims, input_dims)
+        self.weight, self.scales = random_fp4_weight(output_dims, input_dims, input_dims, mode)
         if bias:
             self.bias = mx.zeros((output_dims,))
         self.global_scale = global_scale
@@ -122,28 +133,28 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
 
     # -- construction helpers ------------------------------------------------
     def _init_config(self, group_size, bits, mode, input_dims, output_dims):
-        check_config(group_size, bits, mode, "FP4Linear")
+        group, bits = check_config(group_size, bits, mode, "FP4Linear")
         if input_dims <= 0 or output_dims <= 0:
             raise ValueError(
                 f"[FP4Linear] input_dims and output_dims expected > 0 but got "
                 f"{input_dims} and {output_dims}."
             )
-        if input_dims % GROUP_SIZE != 0:
+        if input_dims % group != 0:
             raise ValueError(
-                f"[FP4Linear] input_dims expected a multiple of 16 (nvfp4 block) "
+                f"[FP4Linear] input_dims expected a multiple of {group} ({mode} block) "
                 f"but got {input_dims}."
             )
-        self.group_size = GROUP_SIZE
-        self.bits = BITS
-        self.mode = MODE
+        self.group_size = group
+        self.bits = bits
+        self.mode = mode
         self.global_scale = None
 
     @classmethod
-    def _empty(cls, input_dims, output_dims):
+    def _empty(cls, input_dims, output_dims, mode=MODE):
         """An instance with config set but no weight (filled by the caller)."""
         ql = cls.__new__(cls)
         nn.Module.__init__(ql)
-        ql._init_config(None, None, MODE, input_dims, output_dims)
+        ql._init_config(None, None, mode, input_dims, output_dims)
         return ql
 
     @classmethod
@@ -156,7 +167,8 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
         *,
         global_scale=False,
     ) -> "FP4Linear":
-        """Quantize an ``nn.Linear`` (round-to-nearest-even E2M1, E4M3 scales).
+        """Quantize an ``nn.Linear`` (nvfp4: round-to-nearest-even E2M1, E4M3 scales; mxfp4:
+        the bytes of ``mx.quantize(mode="mxfp4")``, no global scale).
 
         ``global_scale=True`` also computes the per-tensor scale ``amax(|W|)`` (MLX's
         convention), which keeps small-magnitude tensors away from the E4M3 underflow
@@ -165,12 +177,13 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
         """
         check_config(group_size, bits, mode, "FP4Linear.from_linear")
         output_dims, input_dims = linear_layer.weight.shape
-        ql = cls._empty(input_dims, output_dims)
+        ql = cls._empty(input_dims, output_dims, mode)
         if global_scale is True:
+            check_no_global_scale(mode, global_scale, "FP4Linear.from_linear")
             packed, scales, gs = ops.quantize(linear_layer.weight, global_scale=True)
             ql.global_scale = gs
         elif global_scale is False or global_scale is None:
-            packed, scales = ops.quantize(linear_layer.weight)
+            packed, scales = ops.quantize(linear_layer.weight, mode=mode)
         else:
             ql.global_scale = global_scale  # checked here, before any work
             packed, scales = ops.quantize(linear_layer.weight, global_scale=ql["global_scale"])
@@ -183,18 +196,18 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
 
     @classmethod
     def from_quantized(cls, qlinear: nn.Module, *, global_scale=None) -> "FP4Linear":
-        """Wrap an MLX ``QuantizedLinear(mode="nvfp4")`` without copying bytes.
+        """Wrap an MLX ``QuantizedLinear(mode="nvfp4" | "mxfp4")`` without copying bytes.
 
         The new layer holds the very same ``weight``/``scales``/``bias`` arrays.
         ``global_scale`` (MLX's convention, the amax) may be attached; an ``FP4Linear``
         input keeps its own unless one is given.
         """
         kind = linear_kind(qlinear)
-        if kind not in ("nvfp4", "fp4"):
+        if kind not in ("nvfp4", "mxfp4", "fp4"):
             mode = getattr(qlinear, "mode", None)
             raise ValueError(
                 "[FP4Linear.from_quantized] qlinear expected a QuantizedLinear with "
-                f"mode='nvfp4' but got {type(qlinear).__name__}"
+                f"mode='nvfp4' or 'mxfp4' but got {type(qlinear).__name__}"
                 + (f" with mode={mode!r}" if mode is not None else "")
                 + "."
             )
@@ -205,8 +218,8 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
                 f"{dtype_name(w.dtype)} {list(w.shape)}."
             )
         output_dims, input_dims = w.shape[0], w.shape[1] * 8
-        ql = cls._empty(input_dims, output_dims)
-        check_scales(qlinear.scales, output_dims, input_dims, "FP4Linear.from_quantized")
+        ql = cls._empty(input_dims, output_dims, qlinear.mode)
+        check_scales(qlinear.scales, output_dims, input_dims, "FP4Linear.from_quantized", mode=qlinear.mode)
         ql.weight = w
         ql.scales = qlinear.scales
         if "bias" in qlinear:
@@ -237,7 +250,7 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
         bias = self.get("bias")
         if bias is None:
             return ops.w4a16_matmul(
-                x, self["weight"], self["scales"], global_scale=self.get("global_scale")
+                x, self["weight"], self["scales"], global_scale=self.get("global_scale"), mode=self.mode
             )
         # nn.QuantizedLinear computes (x @ W^T) in x.dtype, then `+ bias`, which
         # promotes; keep that output dtype but add the bias in fp32, fused.
@@ -248,6 +261,7 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
             global_scale=self.get("global_scale"),
             epilogue=[("add", bias)],
             out_dtype=mx.result_type(x.dtype, bias.dtype),
+            mode=self.mode,
         )
 
     def dequantized_weight(self, dtype=mx.float32) -> mx.array:
@@ -258,6 +272,7 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
             k=self.input_dims,
             global_scale=self.get("global_scale"),
             dtype=dtype,
+            mode=self.mode,
         )
 
     def to_linear(self, dtype=mx.bfloat16) -> nn.Linear:
@@ -310,17 +325,17 @@ def _fp4_lora_class():
                 fused.bias = linear.bias
             if dequantize:
                 return fused
-            return FP4Linear.from_linear(fused, global_scale="global_scale" in linear)
+            return FP4Linear.from_linear(fused, mode=linear.mode, global_scale="global_scale" in linear)
 
     return FP4LoRALinear
 
 
-def random_fp4_weight(rows: int, cols: int, fan_in: int):
+def random_fp4_weight(rows: int, cols: int, fan_in: int, mode: str = MODE):
     """(weight uint32, scales): a uniform(+-1/sqrt(fan_in)) weight quantized, the way
     QuantizedLinear's constructor fills a new layer."""
     bound = math.sqrt(1.0 / fan_in)
     w = mx.random.uniform(low=-bound, high=bound, shape=(rows, cols))
-    packed, scales = ops.quantize(w)
+    packed, scales = ops.quantize(w, mode=mode)
     return packed.view(mx.uint32), scales
 
 
@@ -347,20 +362,24 @@ def is_mlx_nvfp4(m) -> bool:
     return linear_kind(m) == "nvfp4"
 
 
-def to_fp4_linear(m: nn.Module, global_scale, where: str) -> nn.Module:
-    """One linear as an FP4Linear: an ``nn.Linear`` is quantized (``global_scale`` True:
-    compute one, a value: use it), an MLX nvfp4 ``QuantizedLinear`` wrapped without copying
-    bytes (``global_scale`` a value to attach, a bool: none), an FP4Linear returned as is."""
+def to_fp4_linear(m: nn.Module, global_scale, where: str, mode: str = MODE) -> nn.Module:
+    """One linear as an FP4Linear: an ``nn.Linear`` is quantized in ``mode`` (``global_scale``
+    True: compute one, a value: use it), an MLX nvfp4 / mxfp4 ``QuantizedLinear`` wrapped without
+    copying bytes (nvfp4: ``global_scale`` a value to attach, a bool: none), an FP4Linear
+    returned as is."""
     kind = linear_kind(m)
     if kind == "fp4":
         return m
     if kind == "linear":
         k = m.weight.shape[-1]
-        if k % GROUP_SIZE != 0:
+        group = MODE_DEFAULTS[mode][0]
+        if k % group != 0:
             raise ValueError(
-                f"[{where}] weight input dims expected a multiple of 16 but got {k}."
+                f"[{where}] weight input dims expected a multiple of {group} ({mode}) but got {k}."
             )
-        return FP4Linear.from_linear(m, global_scale=global_scale)
+        return FP4Linear.from_linear(m, mode=mode, global_scale=global_scale)
+    if kind == "mxfp4":
+        return FP4Linear.from_quantized(m)
     if kind == "nvfp4":
         # bytes are kept as they are: a *value* may be attached, True cannot be computed
         if isinstance(global_scale, bool) or global_scale is None:

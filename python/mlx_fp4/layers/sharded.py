@@ -93,7 +93,7 @@ def _rank_pieces(total: int, segments: Segments, n: int, where: str, what: str, 
                         f"[{where}] cannot shard K={total} across {n} ranks"
                         + (f" with segments={segments!r}" if segments != 1 else "")
                         + f": rank {r} would own K elements [{a}, {b}), which do not start "
-                        f"and end on {block}-element NVFP4 block boundaries (each rank's "
+                        f"and end on {block}-element {'NVFP4' if block == GROUP_SIZE else 'MXFP4'} block boundaries (each rank's "
                         f"K slice, {part if isinstance(segments, int) else b - a} elements, "
                         f"must be a multiple of {block}; K split only on block boundaries)."
                     )
@@ -114,6 +114,12 @@ def _take(a: mx.array, pieces, axis: int, unit: int = 1) -> mx.array:
 
 def _fp4_arrays(layer, where):
     """(weight, scales, bias or None, global_scale or None, N, K) of an FP4 source layer."""
+    mode = getattr(layer, "mode", MODE)
+    if mode != MODE:
+        raise ValueError(
+            f"[{where}] the sharded linear layers hold mode='nvfp4' only but got a layer with "
+            f"mode={mode!r} (its experts, FP4SwitchLinear, shard in either mode)."
+        )
     w = layer["weight"]
     scales = layer["scales"]
     if w.ndim != 2 or w.dtype not in (mx.uint32, mx.uint8):

@@ -1,5 +1,5 @@
-"""FP4SwitchLinear: mlx-lm's ``QuantizedSwitchLinear(mode="nvfp4")`` (the experts of an MoE
-layer) with ``mlx_fp4.gather_w4a16_matmul`` as its forward pass.
+"""FP4SwitchLinear: mlx-lm's ``QuantizedSwitchLinear(mode="nvfp4" | "mxfp4")`` (the experts of an
+MoE layer; mxfp4 for gpt-oss) with ``mlx_fp4.gather_w4a16_matmul`` as its forward pass.
 
 Same parameters as mlx-lm's layer: ``weight`` uint32 ``[E, N, K/8]``, ``scales`` uint8
 ``[E, N, K/16]``, optional ``global_scale`` fp32 ``[E]`` (MLX's convention: each expert's amax,
@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from ..formats import BITS, E2M1_E4M3_MAX, GROUP_SIZE, MODE, check_config, describe
+from ..formats import BITS, E2M1_E4M3_MAX, MODE, MODE_DEFAULTS, check_config, check_no_global_scale, describe
 from .linear import swap_modules
 
 __all__ = ["FP4SwitchGLU", "FP4SwitchLinear", "fuse_switch_glu", "is_switch_linear", "switch_kind",
@@ -26,8 +26,9 @@ __all__ = ["FP4SwitchGLU", "FP4SwitchLinear", "fuse_switch_glu", "is_switch_line
 
 
 def switch_kind(m) -> Optional[str]:
-    """'switch' for mlx-lm's SwitchLinear, 'nvfp4-switch' for its nvfp4 QuantizedSwitchLinear,
-    'fp4-switch' for FP4SwitchLinear, 'other-switch' for other quantized modes, else None."""
+    """'switch' for mlx-lm's SwitchLinear, 'nvfp4-switch' / 'mxfp4-switch' for its
+    QuantizedSwitchLinear of that mode, 'fp4-switch' for FP4SwitchLinear, 'other-switch' for
+    other quantized modes, else None."""
     if isinstance(m, FP4SwitchLinear):
         return "fp4-switch"
     try:
@@ -35,7 +36,7 @@ def switch_kind(m) -> Optional[str]:
     except ImportError:
         return None
     if isinstance(m, QuantizedSwitchLinear):
-        return "nvfp4-switch" if m.mode == MODE and m.get("biases") is None else "other-switch"
+        return f"{m.mode}-switch" if m.mode in MODE_DEFAULTS and m.get("biases") is None else "other-switch"
     if isinstance(m, SwitchLinear):
         return "switch"
     return None
@@ -45,28 +46,30 @@ def is_switch_linear(m) -> bool:
     return switch_kind(m) is not None
 
 
-def _quantize_experts(w: mx.array, global_scale: bool):
+def _quantize_experts(w: mx.array, global_scale: bool, mode: str = MODE):
     """Stacked [E, N, K] weights -> (uint32 weight, scales, global_scale [E] or None): the bytes
-    mlx-lm's SwitchLinear.to_quantized(mode="nvfp4") makes (MLX's quantizer, per-expert amax)."""
+    mlx-lm's SwitchLinear.to_quantized(mode=...) makes (MLX's quantizer, per-expert amax)."""
+    group, bits = MODE_DEFAULTS[mode]
     if not global_scale:
-        q, s = mx.quantize(w, GROUP_SIZE, BITS, mode=MODE)[:2]
+        q, s = mx.quantize(w, group, bits, mode=mode)[:2]
         return q, s, None
+    check_no_global_scale(mode, global_scale, "FP4SwitchLinear")
     gs = mx.max(mx.abs(w), axis=(-2, -1)).astype(mx.float32)
-    parts = [mx.quantize(w[e], GROUP_SIZE, BITS, mode=MODE, global_scale=gs[e])[:2] for e in range(w.shape[0])]
+    parts = [mx.quantize(w[e], group, bits, mode=mode, global_scale=gs[e])[:2] for e in range(w.shape[0])]
     return mx.stack([q for q, _ in parts]), mx.stack([s for _, s in parts]), gs
 
 
 class FP4SwitchLinear(nn.Module):
-    """NVFP4 experts ``[E, N, K]`` backed by ``mlx_fp4.gather_w4a16_matmul``.
+    """FP4 (NVFP4 or MXFP4) experts ``[E, N, K]`` backed by ``mlx_fp4.gather_w4a16_matmul``.
 
     Args:
-        input_dims (int): K, a multiple of 16.
+        input_dims (int): K, a multiple of the group size (16 nvfp4, 32 mxfp4).
         output_dims (int): N.
         num_experts (int): E.
         bias (bool): one bias row per expert. Default ``True`` (as mlx-lm).
-        group_size, bits, mode: accepted for ``QuantizedSwitchLinear`` compatibility; must be
-            ``16``, ``4`` and ``"nvfp4"`` (or ``None``).
-        global_scale (bool): keep a per-expert global scale (random init). Default ``False``.
+        group_size, bits, mode: as ``QuantizedSwitchLinear``: ``mode`` ``"nvfp4"`` (default) or
+            ``"mxfp4"``; ``group_size`` and ``bits`` the mode's (or ``None``).
+        global_scale (bool): keep a per-expert global scale (random init; nvfp4 only). Default ``False``.
 
     Like ``QuantizedSwitchLinear`` the parameters are frozen and filled with a quantized
     random weight.
@@ -84,16 +87,16 @@ class FP4SwitchLinear(nn.Module):
         global_scale: bool = False,
     ):
         super().__init__()
-        check_config(group_size, bits, mode, "FP4SwitchLinear")
-        if input_dims % GROUP_SIZE != 0 or input_dims <= 0 or output_dims <= 0 or num_experts <= 0:
+        group, bits = check_config(group_size, bits, mode, "FP4SwitchLinear")
+        if input_dims % group != 0 or input_dims <= 0 or output_dims <= 0 or num_experts <= 0:
             raise ValueError(
-                "[FP4SwitchLinear] input_dims expected a positive multiple of 16 and output_dims, "
+                f"[FP4SwitchLinear] input_dims expected a positive multiple of {group} ({mode}) and output_dims, "
                 f"num_experts > 0 but got {input_dims}, {output_dims}, {num_experts}."
             )
-        self.group_size, self.bits, self.mode = GROUP_SIZE, BITS, MODE
+        self.group_size, self.bits, self.mode = group, bits, mode
         scale = math.sqrt(1 / input_dims)
         w = mx.random.uniform(-scale, scale, (num_experts, output_dims, input_dims))
-        self.weight, self.scales, gs = _quantize_experts(w, global_scale)
+        self.weight, self.scales, gs = _quantize_experts(w, global_scale, mode)
         self.global_scale = gs
         self.biases = None
         if bias:
@@ -106,23 +109,27 @@ class FP4SwitchLinear(nn.Module):
             raise ValueError(f"[{where}] weight expected uint32 [E, N, K/8] but got {describe(m.weight)}.")
         e, n, words = m.weight.shape
         k = words * 32 // BITS
-        if m.weight.dtype != mx.uint32 or m.scales.dtype != mx.uint8 or m.scales.shape != (e, n, k // GROUP_SIZE):
+        if m.weight.dtype != mx.uint32 or m.scales.dtype != mx.uint8 or m.scales.shape != (e, n, k // m.group_size):
             raise ValueError(
-                f"[{where}] expected weight uint32 [E, N, K/8] and scales uint8 [E, N, K/16] but got "
-                f"{describe(m.weight)} and {describe(m.scales)}."
+                f"[{where}] expected weight uint32 [E, N, K/8] and scales uint8 [E, N, K/{m.group_size}] "
+                f"({m.mode}) but got {describe(m.weight)} and {describe(m.scales)}."
             )
         gs = m.get("global_scale")
+        check_no_global_scale(m.mode, gs, where)
         if gs is not None and (gs.dtype != mx.float32 or gs.shape not in ((), (e,))):
             raise ValueError(f"[{where}] global_scale expected float32 [E] = [{e}] but got {describe(gs)}.")
         return m
 
     @classmethod
-    def from_arrays(cls, weight, scales, global_scale=None, bias=None, where="FP4SwitchLinear.from_arrays"):
+    def from_arrays(cls, weight, scales, global_scale=None, bias=None, where="FP4SwitchLinear.from_arrays",
+                    mode=MODE):
         """A layer holding these arrays as they are (checked: uint32 weight [E, N, K/8], uint8
-        scales [E, N, K/16], float32 global_scale [E] in MLX's convention or None, bias [E, N])."""
+        scales [E, N, K/group], float32 global_scale [E] in MLX's convention or None (nvfp4 only),
+        bias [E, N])."""
         m = cls.__new__(cls)
         nn.Module.__init__(m)
-        m.group_size, m.bits, m.mode = GROUP_SIZE, BITS, MODE
+        m.group_size, m.bits = check_config(None, None, mode, where)
+        m.mode = mode
         m.weight, m.scales, m.global_scale = weight, scales, global_scale
         m.biases = None
         if bias is not None:
@@ -132,28 +139,31 @@ class FP4SwitchLinear(nn.Module):
 
     @classmethod
     def from_quantized(cls, qsl: nn.Module) -> "FP4SwitchLinear":
-        """Wrap an nvfp4 ``QuantizedSwitchLinear`` without copying its arrays."""
-        if switch_kind(qsl) != "nvfp4-switch":
+        """Wrap an nvfp4 or mxfp4 ``QuantizedSwitchLinear`` without copying its arrays."""
+        if switch_kind(qsl) not in ("nvfp4-switch", "mxfp4-switch"):
             raise ValueError(
-                f"[FP4SwitchLinear.from_quantized] expected an nvfp4 QuantizedSwitchLinear but got "
+                f"[FP4SwitchLinear.from_quantized] expected an nvfp4 or mxfp4 QuantizedSwitchLinear but got "
                 f"{type(qsl).__name__} (mode {getattr(qsl, 'mode', None)!r})."
             )
         return cls.from_arrays(qsl["weight"], qsl["scales"], qsl.get("global_scale"), qsl.get("bias"),
-                               "FP4SwitchLinear.from_quantized")
+                               "FP4SwitchLinear.from_quantized", mode=qsl.mode)
 
     @classmethod
-    def from_switch_linear(cls, sl: nn.Module, global_scale: bool = False) -> "FP4SwitchLinear":
+    def from_switch_linear(cls, sl: nn.Module, global_scale: bool = False, mode: str = MODE) -> "FP4SwitchLinear":
         """Quantize an mlx-lm ``SwitchLinear`` (each expert on its own), as its
-        ``to_quantized(mode="nvfp4", global_scale=...)`` does."""
+        ``to_quantized(mode=..., global_scale=...)`` does."""
         k = sl.weight.shape[-1]
-        if k % GROUP_SIZE:
-            raise ValueError(f"[FP4SwitchLinear.from_switch_linear] input dims expected a multiple of 16 but got {k}.")
-        q, s, gs = _quantize_experts(sl.weight, global_scale)
-        return cls.from_arrays(q, s, gs, sl.get("bias"), "FP4SwitchLinear.from_switch_linear")
+        group = MODE_DEFAULTS[mode][0]
+        if k % group:
+            raise ValueError(
+                f"[FP4SwitchLinear.from_switch_linear] input dims expected a multiple of {group} ({mode}) but got {k}."
+            )
+        q, s, gs = _quantize_experts(sl.weight, global_scale, mode)
+        return cls.from_arrays(q, s, gs, sl.get("bias"), "FP4SwitchLinear.from_switch_linear", mode=mode)
 
     @property
     def input_dims(self) -> int:
-        return self.scales.shape[2] * GROUP_SIZE
+        return self.scales.shape[2] * self.group_size
 
     @property
     def output_dims(self) -> int:
@@ -179,11 +189,12 @@ class FP4SwitchLinear(nn.Module):
             global_scale=self.get("global_scale"),
             epilogue=epilogue,
             sorted_indices=sorted_indices,
+            mode=self.mode,
         )
 
     def dequantized_weight(self, dtype=mx.float32) -> mx.array:
-        """``[E, N, K]``: e2m1 * e4m3 (* global_scale / 2688 per expert), in fp32 then cast."""
-        w = ops.dequantize(self["weight"], self["scales"], k=self.input_dims, dtype=mx.float32)
+        """``[E, N, K]``: e2m1 * scale (* global_scale / 2688 per expert), in fp32 then cast."""
+        w = ops.dequantize(self["weight"], self["scales"], k=self.input_dims, dtype=mx.float32, mode=self.mode)
         gs = self.get("global_scale")
         if gs is not None:
             w = w * (gs.reshape(-1, 1, 1) / mx.array(E2M1_E4M3_MAX, mx.float32))
@@ -200,17 +211,19 @@ class FP4SwitchLinear(nn.Module):
         return sl
 
 
-def to_fp4_switch_linear(m: nn.Module, global_scale: bool, where: str) -> nn.Module:
-    """The FP4 form of an mlx-lm switch layer: SwitchLinear quantized, nvfp4
+def to_fp4_switch_linear(m: nn.Module, global_scale: bool, where: str, mode: str = MODE) -> nn.Module:
+    """The FP4 form of an mlx-lm switch layer: SwitchLinear quantized in ``mode``, nvfp4 / mxfp4
     QuantizedSwitchLinear wrapped, FP4SwitchLinear kept; anything else is a ValueError."""
     kind = switch_kind(m)
     if kind == "fp4-switch":
         return m
-    if kind == "nvfp4-switch":
+    if kind in ("nvfp4-switch", "mxfp4-switch"):
         return FP4SwitchLinear.from_quantized(m)
     if kind == "switch":
-        return FP4SwitchLinear.from_switch_linear(m, global_scale)
-    raise ValueError(f"[{where}] expected a SwitchLinear or an nvfp4 QuantizedSwitchLinear but got {type(m).__name__}.")
+        return FP4SwitchLinear.from_switch_linear(m, global_scale, mode)
+    raise ValueError(
+        f"[{where}] expected a SwitchLinear or an nvfp4 / mxfp4 QuantizedSwitchLinear but got {type(m).__name__}."
+    )
 
 
 SORT_MIN_PAIRS = 64  # mlx-lm's SwitchGLU sorts the (token, expert) pairs by expert from this many on

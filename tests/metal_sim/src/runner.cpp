@@ -93,6 +93,7 @@ int cmd_run(const std::string& dir) {
     else if (key == "x_dtype") spec >> p.x_dtype;
     else if (key == "out_dtype") spec >> p.out_dtype;
     else if (key == "has_gs") spec >> p.has_global_scale;
+    else if (key == "mode") spec >> p.mode;
     else if (key == "op") {
       fp4::EpilogueOp& op = p.ops[p.num_ops++];
       spec >> op.code >> op.operand >> op.p0 >> op.p1;
