@@ -1,0 +1,224 @@
+// The timing part of kernel_harness.cu (included there, inside its anonymous namespace, after the
+// check helpers; same translation unit): kernel time per path and tile as CUDA graphs with weight
+// copies rotated past the L2, the dense cuBLASLt baseline and the HBM copy in the same run.
+#pragma once
+
+// ----------------------------------------------------------------------------------------------
+// Timing
+
+struct BenchShape {
+  int64_t n, k;
+};
+
+// Best of `runs` CUDA-event timings of `work()` on stream s, in microseconds.
+template <typename W>
+double best_event_us(W work, int runs, cudaStream_t s) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  double best = 1e30;
+  for (int r = 0; r < runs; ++r) {
+    CK(cudaEventRecord(e0, s));
+    work();
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, 1e3 * ms);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
+// Times `fn(copy_index)` over rotating copies; returns microseconds per call (min of 3 runs).
+// The calls are captured into one CUDA graph first, so that the time is the kernels' own (the
+// host's launch cost, ~3 us per cudaLaunchKernel here, stays out); what remains between two
+// kernels of a graph is printed once as "launch floor" (empty kernels). Warm-up calls run before
+// the capture (lazy loading, cuBLASLt's algorithm query).
+template <typename F>
+double time_us(F fn, int copies, int iters, cudaStream_t s) {
+  for (int i = 0; i < 2; ++i) fn(i % copies);
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < iters; ++i) fn(i % copies);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, s));  // the graph's own first launch uploads it
+  const double us = best_event_us([&] { CK(cudaGraphLaunch(exec, s)); }, 3, s) / iters;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
+
+__global__ void empty_kernel() {}
+
+void run_bench(bool quick, bool small, bool mid) {
+  std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
+  std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  if (quick) ms = {1, 8, 16, 32, 64, 256, 512, 2048, 8192};
+  if (small) ms = {1, 8, 16, 32};
+  if (mid) ms = {32, 48, 64, 96, 128, 192, 256};
+  cudaStream_t s;  // not the legacy default stream: that one cannot be captured
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::printf("bench,launch_floor,us=%.2f\n", time_us([&](int) { empty_kernel<<<132, 128, 0, s>>>(); }, 1, 40, s));
+  // HBM copy bandwidth (read + write), outside a graph (a captured copy runs as a slower node;
+  // 1 GiB copies have no launch cost to hide).
+  {
+    DevBuf a(size_t(1) << 30), b(size_t(1) << 30);
+    const double best =
+        best_event_us([&] { CK(cudaMemcpyAsync(b.p, a.p, a.bytes, cudaMemcpyDeviceToDevice, s)); }, 5, s);
+    std::printf("bench,copy,GBps=%.1f\n", 2.0 * a.bytes / best / 1e3);
+  }
+  std::mt19937 rng(7);
+  for (const auto& sh : shapes) {
+    const int64_t N = sh.n, K = sh.k;
+    const int64_t wrb = K / 2, srb = K / 16;
+    const size_t wbytes = N * wrb + N * srb;
+    const int copies = int(std::max<int64_t>(2, (400LL << 20) / int64_t(wbytes) + 1));
+    std::vector<DevBuf*> dw, ds;
+    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
+    for (auto& b : hw) b = uint8_t(rng());
+    for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
+    for (int c = 0; c < copies; ++c) {
+      dw.push_back(new DevBuf(hw.size()));
+      ds.push_back(new DevBuf(hs.size()));
+      CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
+    }
+    // Dense bf16 weights for the baseline (2 copies of 2 bytes per weight > L2).
+    const int dcopies = 3;
+    std::vector<DevBuf*> dd;
+    for (int c = 0; c < dcopies; ++c) {
+      dd.push_back(new DevBuf(N * K * 2));
+      DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), dd.back()->p,
+                    N, K, wrb, srb, fp4::kDtypeBF16};
+      launch(dequant_launch(d, true), &d, s);
+    }
+    const int64_t maxm = ms.back();
+    DevBuf dx(maxm * K * 2), dout(maxm * N * 4), wd(N * K * 2), acc(maxm * N * 4);
+    {
+      std::vector<uint8_t> hx(maxm * K * 2);
+      for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
+      CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    }
+    for (int64_t M : ms) {
+      const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
+      W4A16Args a{};
+      a.x = dx.p;
+      a.out = dout.p;
+      a.p = p;
+      auto with_copy = [&](int c) {
+        W4A16Args b = a;
+        b.w = static_cast<const uint8_t*>(dw[c]->p);
+        b.scales = static_cast<const uint8_t*>(ds[c]->p);
+        return b;
+      };
+      const double flops = 2.0 * M * N * K;
+      const double qbytes = double(wbytes);
+      const int iters = M >= 2048 ? 5 : 20;
+      auto report = [&](const char* what, const char* cfg, double us) {
+        std::printf("bench,%lldx%lld,M=%lld,%s,%s,us=%.2f,TFLOPs=%.1f,wGBps=%.0f\n", (long long)N, (long long)K,
+                    (long long)M, what, cfg, us, flops / us / 1e6, qbytes / us / 1e3);
+      };
+      // Dense bf16 baseline.
+      double dense = time_us(
+          [&](int c) {
+            char err[256];
+            if (!cublas_gemm(g_lt, s, M, N, K, dx.p, dd[c]->p, fp4::kDtypeBF16, dout.p, fp4::kDtypeBF16, nullptr,
+                             g_ws->p, kWsBytes, err)) {
+              std::fprintf(stderr, "%s\n", err);
+              std::exit(2);
+            }
+          },
+          dcopies, iters, s);
+      report("dense_bf16", "-", dense);
+      const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
+      std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d\n", (long long)N, (long long)K, (long long)M,
+                  path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw);
+      if (M <= 256) {
+        // --mid: the staged kernel past M = 32, in x tiles of 32 rows (its widest).
+        const int mt = mid ? fp4::cuda_tiling::kMaxStagedColTiles : M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+        std::vector<TcConfig> cfgs;
+        if (!mid) cfgs.push_back(plan.tc);
+        if (!quick) {
+          for (int rt : {1, 2})
+            for (int kw : {2, 4, 8}) {
+              if (mt * rt > 8) continue;
+              cfgs.push_back(TcConfig{mt, rt, kw});
+            }
+        }
+        for (bool staged : {true, false}) {
+          if (mid && !staged) continue;
+          g_staged = staged;
+          for (const auto& cfg : cfgs) {
+            double us = time_us([&](int c) { run_path(Path::kTensorCore, cfg, with_copy(c), nullptr, nullptr, s); },
+                                copies, iters, s);
+            char name[32];
+            std::snprintf(name, sizeof name, "%d/%d/%d", cfg.mt, cfg.rt, cfg.kw);
+            report(staged ? "tc-staged" : "tc", name, us);
+          }
+        }
+        g_staged = true;
+      }
+      if (M <= 16) {
+        double us = time_us([&](int c) { run_path(Path::kSimt, plan.tc, with_copy(c), nullptr, nullptr, s); }, copies,
+                            iters, s);
+        report("simt", "-", us);
+      }
+      if (M >= 16) {
+        double us = time_us(
+            [&](int c) { run_path(Path::kDequantGemm, plan.tc, with_copy(c), wd.p, static_cast<float*>(acc.p), s); },
+            copies, iters, s);
+        report("dequant+gemm", "-", us);
+        DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), wd.p, N, K,
+                      wrb, srb, fp4::kDtypeBF16};
+        double dq = time_us(
+            [&](int c) {
+              d.w = static_cast<const uint8_t*>(dw[c]->p);
+              d.scales = static_cast<const uint8_t*>(ds[c]->p);
+              launch(dequant_launch(d, true), &d, s);
+            },
+            copies, iters, s);
+        report("dequant_only", "-", dq);
+      }
+      std::fflush(stdout);
+    }
+    for (auto* b : dw) delete b;
+    for (auto* b : ds) delete b;
+    for (auto* b : dd) delete b;
+  }
+}
+
+// A few launches of chosen kernels on 8192 x 8192, for a profiler (ncu -k regex:...).
+void run_profile() {
+  const int64_t N = 8192, K = 8192, wrb = K / 2, srb = K / 16;
+  DevBuf dw(N * wrb), ds(N * srb), dx(64 * K * 2), dout(64 * N * 4), wd(N * K * 2);
+  CK(cudaMemset(dw.p, 0x35, dw.bytes));
+  CK(cudaMemset(ds.p, 0x38, ds.bytes));
+  CK(cudaMemset(dx.p, 0x3c, dx.bytes));
+  for (int64_t M : {1, 16}) {
+    const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
+    W4A16Args a{};
+    a.x = dx.p;
+    a.w = static_cast<const uint8_t*>(dw.p);
+    a.scales = static_cast<const uint8_t*>(ds.p);
+    a.out = dout.p;
+    a.p = p;
+    const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
+    for (bool staged : {true, false}) {
+      g_staged = staged;
+      for (int i = 0; i < 2; ++i) run_path(Path::kTensorCore, plan.tc, a, nullptr, nullptr, 0);
+    }
+    g_staged = true;
+    if (M == 1) {
+      for (int i = 0; i < 2; ++i) run_path(Path::kSimt, plan.tc, a, nullptr, nullptr, 0);
+      DequantArgs d{a.w, a.scales, wd.p, N, K, wrb, srb, fp4::kDtypeBF16};
+      for (int i = 0; i < 2; ++i) launch(dequant_launch(d, true), &d, 0);
+    }
+  }
+  CK(cudaDeviceSynchronize());
+}
