@@ -3,7 +3,6 @@
 // MLX differentiates; vmap folds the mapped axis into the index arrays and re-issues the op.
 #include "gather_primitive.h"
 
-#include <cstring>
 #include <numeric>
 
 #include "errors.h"
@@ -38,13 +37,8 @@ GatherW4A16Matmul::GatherW4A16Matmul(
 
 bool GatherW4A16Matmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const GatherW4A16Matmul&>(other);
-  if (out_dtype_ != o.out_dtype_ || has_multiplier_ != o.has_multiplier_ || sorted_rhs_ != o.sorted_rhs_ ||
-      mode_ != o.mode_ ||
-      operand_kinds_ != o.operand_kinds_ || ops_.size() != o.ops_.size()) {
-    return false;
-  }
-  // Bitwise comparison of the constants: -0.0 and NaN constants are distinct chains.
-  return ops_.empty() || std::memcmp(ops_.data(), o.ops_.data(), ops_.size() * sizeof(fp4::EpilogueOp)) == 0;
+  return out_dtype_ == o.out_dtype_ && has_multiplier_ == o.has_multiplier_ && sorted_rhs_ == o.sorted_rhs_ &&
+         mode_ == o.mode_ && same_epilogue_chain(ops_, operand_kinds_, o.ops_, o.operand_kinds_);
 }
 
 std::vector<mx::Shape> GatherW4A16Matmul::output_shapes(const std::vector<mx::array>& inputs) {

@@ -34,19 +34,16 @@ W4A16Matmul::W4A16Matmul(
       operand_kinds_(std::move(operand_kinds)),
       mode_(mode) {}
 
+bool same_epilogue_chain(const std::vector<fp4::EpilogueOp>& a, const std::vector<int>& a_kinds,
+                         const std::vector<fp4::EpilogueOp>& b, const std::vector<int>& b_kinds) {
+  return a_kinds == b_kinds && a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(fp4::EpilogueOp)) == 0);
+}
+
 bool W4A16Matmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const W4A16Matmul&>(other);
-  if (out_dtype_ != o.out_dtype_ || has_global_scale_ != o.has_global_scale_ || mode_ != o.mode_ ||
-      operand_kinds_ != o.operand_kinds_ || ops_.size() != o.ops_.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    // Bitwise comparison of the constants: -0.0 and NaN constants are distinct chains.
-    if (std::memcmp(&ops_[i], &o.ops_[i], sizeof(fp4::EpilogueOp)) != 0) {
-      return false;
-    }
-  }
-  return true;
+  return out_dtype_ == o.out_dtype_ && has_global_scale_ == o.has_global_scale_ && mode_ == o.mode_ &&
+         same_epilogue_chain(ops_, operand_kinds_, o.ops_, o.operand_kinds_);
 }
 
 std::vector<mx::Shape> W4A16Matmul::output_shapes(const std::vector<mx::array>& inputs) {

@@ -13,6 +13,11 @@ namespace mlx_fp4 {
 // Input order of the primitive: x, w (uint8 view), scales, [global scale], operands...
 enum W4A16Input : int { kInputX = 0, kInputW = 1, kInputScales = 2, kInputFirstOptional = 3 };
 
+// Equal epilogue chains (the same operand kinds and op constants bit for bit, so -0.0 and NaN
+// constants are distinct chains): part of is_equivalent of both primitives.
+bool same_epilogue_chain(const std::vector<fp4::EpilogueOp>& a, const std::vector<int>& a_kinds,
+                         const std::vector<fp4::EpilogueOp>& b, const std::vector<int>& b_kinds);
+
 class W4A16Matmul : public mx::Primitive {
  public:
   W4A16Matmul(

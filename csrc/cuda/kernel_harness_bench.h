@@ -10,6 +10,47 @@ struct BenchShape {
   int64_t n, k;
 };
 
+// One shape's timing data: random weight + scale bytes in enough copies to exceed the L2 (> 400 MB,
+// cycled so no product finds its weights cached), 3 dense bf16 copies for the cuBLASLt baseline,
+// and x / output / scratch buffers for up to `maxm` rows. Shared by run_bench and run_wgmma_bench.
+struct BenchData {
+  int64_t N, K, wrb, srb;
+  int copies;
+  std::vector<DevBuf*> dw, ds, dd;
+  DevBuf dx, dout, wd, acc;
+  BenchData(int64_t n, int64_t k, int64_t maxm, std::mt19937& rng, cudaStream_t s)
+      : N(n), K(k), wrb(k / 2), srb(k / 16),
+        copies(int(std::max<int64_t>(2, (400LL << 20) / int64_t(n * (k / 2) + n * (k / 16)) + 1))),
+        dx(maxm * k * 2), dout(maxm * n * 4), wd(n * k * 2), acc(maxm * n * 4) {
+    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
+    for (auto& b : hw) b = uint8_t(rng());
+    for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
+    for (int c = 0; c < copies; ++c) {
+      dw.push_back(new DevBuf(hw.size()));
+      ds.push_back(new DevBuf(hs.size()));
+      CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
+    }
+    constexpr int kDenseCopies = 3;  // 2 bytes per weight: 3 copies exceed the L2
+    for (int c = 0; c < kDenseCopies; ++c) {
+      dd.push_back(new DevBuf(N * K * 2));
+      DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), dd.back()->p,
+                    N, K, wrb, srb, fp4::kDtypeBF16};
+      launch(dequant_launch(d, true), &d, s);
+    }
+    std::vector<uint8_t> hx(maxm * K * 2);
+    for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
+    CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+  }
+  ~BenchData() {
+    for (auto* v : {&dw, &ds, &dd}) {
+      for (auto* b : *v) delete b;
+    }
+  }
+  BenchData(const BenchData&) = delete;
+  BenchData& operator=(const BenchData&) = delete;
+};
+
 // Best of `runs` CUDA-event timings of `work()` on stream s, in microseconds.
 template <typename W>
 double best_event_us(W work, int runs, cudaStream_t s) {
@@ -75,36 +116,12 @@ void run_bench(bool quick, bool small, bool mid) {
   }
   std::mt19937 rng(7);
   for (const auto& sh : shapes) {
-    const int64_t N = sh.n, K = sh.k;
-    const int64_t wrb = K / 2, srb = K / 16;
+    BenchData data(sh.n, sh.k, ms.back(), rng, s);
+    const int64_t N = data.N, K = data.K, wrb = data.wrb, srb = data.srb;
+    const int copies = data.copies;
     const size_t wbytes = N * wrb + N * srb;
-    const int copies = int(std::max<int64_t>(2, (400LL << 20) / int64_t(wbytes) + 1));
-    std::vector<DevBuf*> dw, ds;
-    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
-    for (auto& b : hw) b = uint8_t(rng());
-    for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
-    for (int c = 0; c < copies; ++c) {
-      dw.push_back(new DevBuf(hw.size()));
-      ds.push_back(new DevBuf(hs.size()));
-      CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
-    }
-    // Dense bf16 weights for the baseline (2 copies of 2 bytes per weight > L2).
-    const int dcopies = 3;
-    std::vector<DevBuf*> dd;
-    for (int c = 0; c < dcopies; ++c) {
-      dd.push_back(new DevBuf(N * K * 2));
-      DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), dd.back()->p,
-                    N, K, wrb, srb, fp4::kDtypeBF16};
-      launch(dequant_launch(d, true), &d, s);
-    }
-    const int64_t maxm = ms.back();
-    DevBuf dx(maxm * K * 2), dout(maxm * N * 4), wd(N * K * 2), acc(maxm * N * 4);
-    {
-      std::vector<uint8_t> hx(maxm * K * 2);
-      for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
-      CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
-    }
+    auto &dw = data.dw, &ds = data.ds, &dd = data.dd;
+    DevBuf &dx = data.dx, &dout = data.dout, &wd = data.wd, &acc = data.acc;
     for (int64_t M : ms) {
       const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
       W4A16Args a{};
@@ -134,7 +151,7 @@ void run_bench(bool quick, bool small, bool mid) {
               std::exit(2);
             }
           },
-          dcopies, iters, s);
+          int(dd.size()), iters, s);
       report("dense_bf16", "-", dense);
       const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
       std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d\n", (long long)N, (long long)K, (long long)M,
@@ -187,9 +204,6 @@ void run_bench(bool quick, bool small, bool mid) {
       }
       std::fflush(stdout);
     }
-    for (auto* b : dw) delete b;
-    for (auto* b : ds) delete b;
-    for (auto* b : dd) delete b;
   }
 }
 

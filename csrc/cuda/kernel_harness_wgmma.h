@@ -162,33 +162,13 @@ void run_wgmma_bench() {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::mt19937 rng(7);
   for (const auto& sh : shapes) {
-    const int64_t N = sh.n, K = sh.k, wrb = K / 2, srb = K / 16;
+    BenchData data(sh.n, sh.k, ms.back(), rng, s);
+    const int64_t N = data.N, K = data.K, wrb = data.wrb, srb = data.srb;
+    const int copies = data.copies;
     const size_t wbytes = N * wrb + N * srb;
-    const int copies = int(std::max<int64_t>(2, (400LL << 20) / int64_t(wbytes) + 1));
-    std::vector<DevBuf*> dw, ds, dd;
-    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
-    for (auto& b : hw) b = uint8_t(rng());
-    for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
-    for (int c = 0; c < copies; ++c) {
-      dw.push_back(new DevBuf(hw.size()));
-      ds.push_back(new DevBuf(hs.size()));
-      CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
-    }
-    const int dcopies = 3;
-    for (int c = 0; c < dcopies; ++c) {
-      dd.push_back(new DevBuf(N * K * 2));
-      DequantArgs d{static_cast<const uint8_t*>(dw[0]->p), static_cast<const uint8_t*>(ds[0]->p), dd.back()->p,
-                    N, K, wrb, srb, fp4::kDtypeBF16};
-      launch(dequant_launch(d, true), &d, s);
-    }
+    auto &dw = data.dw, &ds = data.ds, &dd = data.dd;
+    DevBuf &dx = data.dx, &dout = data.dout, &wd = data.wd, &acc = data.acc;
     const int64_t maxm = ms.back();
-    DevBuf dx(maxm * K * 2), dout(maxm * N * 4), wd(N * K * 2), acc(maxm * N * 4);
-    {
-      std::vector<uint8_t> hx(maxm * K * 2);
-      for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
-      CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
-    }
     wgmma_scratch(maxm, K);  // before any capture
     for (int64_t M : ms) {
       const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
@@ -216,7 +196,7 @@ void run_wgmma_bench() {
               std::exit(2);
             }
           },
-          dcopies, iters, s);
+          int(dd.size()), iters, s);
       report("dense_bf16", "-", dense);
       const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr, true);
       std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d,wg=%d/%d\n", (long long)N, (long long)K, (long long)M,
@@ -249,9 +229,6 @@ void run_wgmma_bench() {
       }
       std::fflush(stdout);
     }
-    for (auto* b : dw) delete b;
-    for (auto* b : ds) delete b;
-    for (auto* b : dd) delete b;
   }
 }
 
