@@ -268,15 +268,24 @@ constexpr int kRouteMinM = 9;            // our vector path ends at M = 8
 constexpr int kNaxKAlign = 64;           // MLX's qmm_nax condition
 constexpr int kMlxBits = 4;              // MLX's quantized_matmul: group size = the mode's block
 
-// Generation of the Apple GPU from MLX's device_info ("applegpu_g17s" -> 17); 0 if unknown.
-int apple_gpu_generation(std::string* arch_out) {
-  const auto& info = mx::device_info(mx::Device::gpu);
-  auto it = info.find("architecture");
-  const std::string arch = it != info.end() && std::holds_alternative<std::string>(it->second)
-      ? std::get<std::string>(it->second) : "";
-  *arch_out = arch;
-  const std::string prefix = "applegpu_g";
-  return arch.rfind(prefix, 0) == 0 ? std::atoi(arch.c_str() + prefix.size()) : 0;
+// The Apple GPU's architecture string from MLX's device_info and its generation
+// ("applegpu_g17s" -> 17; 0 if unknown), read once: the GPU does not change within a process.
+struct AppleGpu {
+  std::string arch;
+  int generation;
+};
+
+const AppleGpu& apple_gpu() {
+  static const AppleGpu gpu = [] {
+    const auto& info = mx::device_info(mx::Device::gpu);
+    auto it = info.find("architecture");
+    std::string arch = it != info.end() && std::holds_alternative<std::string>(it->second)
+        ? std::get<std::string>(it->second) : "";
+    const std::string prefix = "applegpu_g";
+    const int gen = arch.rfind(prefix, 0) == 0 ? std::atoi(arch.c_str() + prefix.size()) : 0;
+    return AppleGpu{std::move(arch), gen};
+  }();
+  return gpu;
 }
 
 MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
@@ -298,20 +307,19 @@ MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
     }
     return MetalRoute::kMlx;
   }
-  std::string arch;
-  const int gen = apple_gpu_generation(&arch);
-  if (gen < kAppleSiliconMinGen) {
-    static bool said = false;
-    if (!said) {
-      said = true;
+  const AppleGpu& gpu = apple_gpu();
+  if (gpu.generation < kAppleSiliconMinGen) {
+    static const bool said = [&] {  // once per process (thread-safe static initialization)
       std::fprintf(stderr, "[mlx_fp4] Metal GPU architecture '%s' is not Apple7 or later (no simdgroup_matrix "
                    "or bfloat): w4a16_matmul runs on the CPU. MLX_FP4_METAL_ROUTE=ours forces the Metal "
-                   "kernels.\n", arch.c_str());
-    }
+                   "kernels.\n", gpu.arch.c_str());
+      return true;
+    }();
+    (void)said;
     return MetalRoute::kCpu;
   }
   const int64_t m = c.x.size() / c.k;
-  if (gen >= kNaxMinGen && m >= kRouteMinM && c.k % kNaxKAlign == 0 && c.x.dtype() != mx::float32) {
+  if (gpu.generation >= kNaxMinGen && m >= kRouteMinM && c.k % kNaxKAlign == 0 && c.x.dtype() != mx::float32) {
     return MetalRoute::kMlx;
   }
   return MetalRoute::kOurs;
