@@ -10,11 +10,18 @@ pytest.importorskip("mlx_lm")
 from mlx_fp4.bench import decode  # noqa: E402
 
 
-def test_tiny_decode_all_variants(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_doc(tmp_path_factory):
+    """One run of every variant (each in its own process) on the tiny Llama, shared by the tests."""
+    out = tmp_path_factory.mktemp("decode")
     rc = decode.main(["--preset", "tiny", "--layers", "2", "--prompt", "6", "--tokens", "6", "--repeats", "1",
-                      "--device", "cpu", "--out", str(tmp_path), "--no-plot"])
+                      "--device", "cpu", "--out", str(out), "--no-plot"])
     assert rc == 0
-    doc = json.loads((tmp_path / "decode_tiny_cpu.json").read_text())
+    return json.loads((out / "decode_tiny_cpu.json").read_text())
+
+
+def test_tiny_decode_all_variants(tiny_doc):
+    doc = tiny_doc
     (point,) = doc["points"]
     assert set(point["variants"]) == set(decode.VARIANTS)
     pids = {r["pid"] for r in doc["raw"]}
@@ -33,6 +40,51 @@ def test_tiny_decode_all_variants(tmp_path):
 def test_bad_arguments_are_rejected():
     with pytest.raises(SystemExit):
         decode.main(["--preset", "tiny", "--repeats", "0", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="floor"):  # expert layers would stay dense: no floor
+        decode.main(["--preset", "tiny-moe", "--variants", "floor", "--device", "cpu"])
+
+
+def test_floor_variant_has_one_node_per_linear(tiny_doc):
+    """The floor model (no matmuls) has the node structure of MLX's nvfp4 model (one node per
+    linear: QuantizedMatmul there, a Slice/Pad/Contiguous here), reads no weight bytes, and every
+    variant records the step's node count, host profile and per-node costs."""
+    (point,) = tiny_doc["points"]
+    v = point["variants"]
+    floor, mlx_q = v["floor"], v["mlx_nvfp4"]
+    assert floor["weight_bytes_per_step"] == 0
+    assert floor["graph"]["nodes_per_layer"] == mlx_q["graph"]["nodes_per_layer"]
+    prims = floor["graph"]["step"]["by_primitive"]
+    assert "QuantizedMatmul" not in prims and "W4A16Matmul" not in prims
+    # the only matmuls left are attention's (the CPU's attention fallback), as in MLX's model
+    assert prims.get("Matmul") == mlx_q["graph"]["step"]["by_primitive"].get("Matmul")
+    linears = 7 * 2 + 1  # q/k/v/o + gate/up/down per layer, lm_head
+    assert sum(prims[p] for p in ("Pad", "Contiguous")) >= 1 and prims["Pad"] <= linears
+    for name, e in v.items():
+        g = e["graph"]
+        assert g["layers"] == 2 and g["step"]["nodes"] == 2 * g["nodes_per_layer"] + g["nodes_outside_layers"], name
+        assert g["nodes_outside_layers"] > 0 and g["step"]["arrays"] > g["step"]["nodes"], name
+        prof = e["host_profile"]
+        assert all(prof[k] > 0 for k in ("build_ms", "encode_ms", "step_ms")), name
+        assert e["host_per_node"]["build_us_per_node"] > 0, name
+        for kind in ("kernel", "view"):
+            assert e["node_cost"][kind]["eval_us_per_node"] > 0, name
+
+
+@pytest.mark.parametrize("dims", [(64, 16), (64, 64), (64, 256)])
+def test_floor_linear_is_one_node_of_the_linear_shape(dims):
+    import mlx.core as mx
+
+    from mlx_fp4.bench.decode_host import FloorLinear, graph_nodes
+
+    k, n = dims
+    x = mx.random.normal((1, 3, k)).astype(mx.bfloat16)
+    mx.eval(x)
+    y = FloorLinear(k, n)(x)
+    assert graph_nodes(y)["nodes"] == 1
+    assert y.shape == (1, 3, n) and y.dtype == mx.bfloat16
+    # it depends on x: the first min(k, n) features are x's
+    m = min(k, n)
+    assert mx.array_equal(y[..., :m], x[..., :m]).item()
 
 
 def test_tiny_gpt_oss_decodes_in_mxfp4(tmp_path):

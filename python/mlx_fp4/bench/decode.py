@@ -24,15 +24,18 @@ import time
 import mlx.core as mx
 
 from ..formats import MODE_DEFAULTS
+from .decode_host import host_costs, host_table, install_floor, node_cost, step_graph
 from .plot import pyplot
 
-VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused")
+VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "floor")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
     "mlx_nvfp4": "MLX nvfp4 nn.QuantizedLinear",
     "fp4": "mlx_fp4.nn.FP4Linear (same bytes)",
     "fp4_fused": "FP4Linear + fuse_swiglu",
+    "floor": "floor: no matmuls (1 view/pad node per linear)",
 }
+MOE_MODULES = ("qwen3_moe", "gpt_oss")  # presets with expert layers: no floor variant (experts stay)
 # Layer shapes of the public configs; weights are random (no download).
 PRESETS = {
     "llama3-8b": dict(
@@ -85,7 +88,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench decode", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
     p.add_argument("--layers", nargs="+", type=int, default=[8, 16, 32], help="decoder layers (several: one point each)")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
+                   help="default: all (floor only for presets without expert layers)")
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens (random ids)")
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per repeat")
     p.add_argument("--repeats", type=int, default=3, help="timed generations per process (after one warm-up)")
@@ -117,9 +121,11 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     mode = cfg.pop("mode", "nvfp4")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs(num_hidden_layers=layers, **cfg))
+    if variant == "floor":
+        install_floor(model)  # before the weights are evaluated: the linears' are never made
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    if variant != "dense":
+    if variant not in ("dense", "floor"):
         # Every Linear (the lm_head too) and every SwitchLinear (MoE experts): the same bytes for
         # the three quantized variants.
         from mlx_lm.models.switch_layers import SwitchLinear
@@ -227,8 +233,11 @@ def run_worker(args) -> dict:
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
+    graph = step_graph(model, prompt)
+    cost = node_cost()
     return {"variant": variant, "layers": layers, "pid": os.getpid(), "setup_s": setup_s, "warmup_s": warmup_s,
             "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace, "runs": runs, "host_profile": prof,
+            "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
             "peak_memory_bytes": mx.get_peak_memory(),
             "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
 
@@ -289,6 +298,9 @@ def summarize(results, variants, bandwidth_gbps):
                 "weight_bytes_per_step": wbytes,
                 "weight_gbps": wbytes * dec["median"] / 1e9 if dec else None,
                 "host_profile": rs[0]["host_profile"],
+                "graph": rs[0].get("graph"),
+                "host_per_node": rs[0].get("host_per_node"),
+                "node_cost": rs[0].get("node_cost"),
                 "tokens": rs[0]["tokens"],
                 "same_tokens_in_all_processes": all(r["tokens"] == rs[0]["tokens"] for r in rs),
             }
@@ -361,6 +373,12 @@ def main(argv=None) -> int:
         return 0
     if args.repeats < 1 or args.processes < 1 or args.tokens < 2 or args.prompt < 1:
         raise SystemExit("[bench decode] --repeats/--processes expected >= 1, --tokens >= 2, --prompt >= 1")
+    if args.variants is None:
+        moe = PRESETS[args.preset]["module"] in MOE_MODULES
+        args.variants = [v for v in VARIANTS if not (moe and v == "floor")]
+    if "floor" in args.variants and PRESETS[args.preset]["module"] in MOE_MODULES:
+        raise SystemExit(f"[bench decode] --variants floor expected a dense preset but got {args.preset} "
+                         "(expert layers would stay dense)")
     try:
         import mlx_lm  # noqa: F401
     except ImportError:
@@ -406,10 +424,14 @@ def main(argv=None) -> int:
     base = os.path.join(args.out, f"decode_{args.preset}_{device}")
     report.write_json(base + ".json", doc)
     text = table(points, args.variants)
+    host = host_table(points, args.variants, LABELS)
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']}, mlx {info['versions']['mlx']}\n\n"
-                f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n")
+                f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n"
+                f"\nhost profile of single synchronous decode steps (medians; nodes: mx.export_to_dot of the "
+                f"step's graph)\n\n{host}\n")
     print(text)
+    print(host)
     if not args.no_plot:
         plot(doc, base + ".png")
     return 0 if all("error" not in r for r in results) else 1
