@@ -97,3 +97,69 @@ def test_tiny_gpt_oss_decodes_in_mxfp4(tmp_path):
     ours, theirs = point["variants"]["fp4"], point["variants"]["mlx_nvfp4"]
     assert ours["weight_bytes_per_step"] == theirs["weight_bytes_per_step"]
     assert ours["first_token_difference_vs_mlx_nvfp4"] is None
+
+
+def _tiny_fp4(fused_qkv: bool):
+    model, notes = decode.build_model("tiny", 2, "fp4_qkv" if fused_qkv else "fp4_fused", seed=3)
+    return model, notes
+
+
+def test_fused_qkv_gives_the_unfused_logits():
+    """One FP4Linear over q|k|v rows (exact: rows are independent) decodes with the very logits of
+    three FP4Linear, and takes fewer graph nodes per layer."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_fp4.bench.decode_host import step_graph
+    from mlx_fp4.bench.decode_qkv import FusedQProj
+
+    (plain, _), (fused, notes) = _tiny_fp4(False), _tiny_fp4(True)
+    assert notes["qkv"] == {"fused": 2, "left_unfused": []}
+    assert sum(isinstance(m, FusedQProj) for _, m in fused.named_modules()) == 2
+    assert decode.step_weight_bytes(fused) == decode.step_weight_bytes(plain)
+    prompt = mx.array([[3, 1, 4, 1, 5, 9]])
+    logits = []
+    for model in (plain, fused):
+        cache = make_prompt_cache(model)
+        steps = [model(prompt, cache=cache)]
+        for _ in range(3):  # decode steps on the cache (M = 1)
+            steps.append(model(mx.argmax(steps[-1][:, -1:, :], axis=-1), cache=cache))
+        logits.append([np.array(s.astype(mx.float32)) for s in steps])
+    for a, b in zip(*logits):
+        np.testing.assert_array_equal(a, b)
+    g_plain, g_fused = step_graph(plain, prompt[0]), step_graph(fused, prompt[0])
+    assert g_fused["nodes_per_layer"] < g_plain["nodes_per_layer"]
+    assert g_fused["step"]["by_primitive"]["Split"] == 2
+
+
+def test_fused_qkv_parts_are_right_for_any_input():
+    """k_proj / v_proj called on an input other than q_proj's compute their own rows (fallback);
+    projections with different global scales are left unfused and reported."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+
+    from mlx_fp4.bench.decode_qkv import fuse_qkv, fuse_qkv_block
+    from mlx_fp4.nn import FP4Linear
+
+    mx.random.seed(5)
+    lin = [nn.Linear(64, n, bias=False) for n in (32, 16, 16)]
+    q, k, v = (FP4Linear.from_linear(m) for m in lin)
+    fq, fk, fv = fuse_qkv_block(q, k, v)
+    x1, x2 = mx.random.normal((1, 1, 64)), mx.random.normal((1, 1, 64))
+    np.testing.assert_array_equal(np.array(fq(x1)), np.array(q(x1)))
+    np.testing.assert_array_equal(np.array(fk(x2)), np.array(k(x2)))  # not q's input: fallback
+    np.testing.assert_array_equal(np.array(fk(x1)), np.array(k(x1)))
+    np.testing.assert_array_equal(np.array(fv(x1)), np.array(v(x1)))
+    np.testing.assert_array_equal(np.array(fv(x1)), np.array(v(x1)))  # after v released the parts
+
+    class Attn(nn.Module):
+        def __init__(self, gs):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (FP4Linear.from_linear(m, global_scale=g) for m, g in zip(lin, gs))
+
+    block = nn.Module()
+    block.same, block.differ = Attn([2.0, 2.0, 2.0]), Attn([2.0, 3.0, 2.0])
+    assert fuse_qkv(block) == {"fused": 1, "left_unfused": ["differ"]}
+    assert type(block.differ.k_proj) is FP4Linear

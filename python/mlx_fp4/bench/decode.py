@@ -27,12 +27,14 @@ from ..formats import MODE_DEFAULTS
 from .decode_host import host_costs, host_table, install_floor, node_cost, step_graph
 from .plot import pyplot
 
-VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "floor")
+VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv", "floor")
+OURS = ("fp4", "fp4_fused", "fp4_qkv")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
     "mlx_nvfp4": "MLX nvfp4 nn.QuantizedLinear",
     "fp4": "mlx_fp4.nn.FP4Linear (same bytes)",
     "fp4_fused": "FP4Linear + fuse_swiglu",
+    "fp4_qkv": "FP4Linear + fuse_swiglu + fused QKV",
     "floor": "floor: no matmuls (1 view/pad node per linear)",
 }
 MOE_MODULES = ("qwen3_moe", "gpt_oss")  # presets with expert layers: no floor variant (experts stay)
@@ -112,6 +114,7 @@ def _device(args) -> str:
 
 
 def build_model(preset: str, layers: int, variant: str, seed: int):
+    """(model, notes): notes say what a variant's transform did (fused QKV blocks, floor linears)."""
     import importlib
 
     import mlx.nn as nn
@@ -121,8 +124,9 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     mode = cfg.pop("mode", "nvfp4")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs(num_hidden_layers=layers, **cfg))
+    notes = {}
     if variant == "floor":
-        install_floor(model)  # before the weights are evaluated: the linears' are never made
+        notes["floor_linears"] = install_floor(model)  # before the weights are evaluated: never made
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
     if variant not in ("dense", "floor"):
@@ -133,13 +137,17 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
         nn.quantize(model, group_size=MODE_DEFAULTS[mode][0], bits=4, mode=mode,
                     class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
         mx.eval(model.parameters())
-    if variant in ("fp4", "fp4_fused"):
+    if variant in OURS:
         from mlx_fp4 import nn as fnn
 
         fnn.quantize(model, mode=mode, progress=False)
-        if variant == "fp4_fused":
+        if variant in ("fp4_fused", "fp4_qkv"):
             fnn.fuse_swiglu(model)
-    return model
+        if variant == "fp4_qkv":
+            from .decode_qkv import fuse_qkv
+
+            notes["qkv"] = fuse_qkv(model)
+    return model, notes
 
 
 def step_weight_bytes(model) -> int:
@@ -221,7 +229,7 @@ def run_worker(args) -> dict:
     layers = int(layers)
     mx.set_default_device(mx.gpu if _device(args) == "gpu" else mx.cpu)
     t0 = time.perf_counter()
-    model = build_model(args.preset, layers, variant, args.seed)
+    model, notes = build_model(args.preset, layers, variant, args.seed)
     setup_s = time.perf_counter() - t0
     vocab = PRESETS[args.preset]["vocab_size"]
     prompt = mx.random.randint(0, vocab, (args.prompt,), key=mx.random.key(args.seed + 1))
@@ -235,7 +243,7 @@ def run_worker(args) -> dict:
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()
-    return {"variant": variant, "layers": layers, "pid": os.getpid(), "setup_s": setup_s, "warmup_s": warmup_s,
+    return {"variant": variant, "layers": layers, "pid": os.getpid(), "notes": notes, "setup_s": setup_s, "warmup_s": warmup_s,
             "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace, "runs": runs, "host_profile": prof,
             "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
             "peak_memory_bytes": mx.get_peak_memory(),
@@ -301,6 +309,7 @@ def summarize(results, variants, bandwidth_gbps):
                 "graph": rs[0].get("graph"),
                 "host_per_node": rs[0].get("host_per_node"),
                 "node_cost": rs[0].get("node_cost"),
+                "notes": rs[0].get("notes"),
                 "tokens": rs[0]["tokens"],
                 "same_tokens_in_all_processes": all(r["tokens"] == rs[0]["tokens"] for r in rs),
             }
@@ -308,7 +317,7 @@ def summarize(results, variants, bandwidth_gbps):
                 entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
             row["variants"][v] = entry
         ref = [r for r in results if r["variant"] == "mlx_nvfp4" and r["layers"] == layers and "top2" in r]
-        for v in ("fp4", "fp4_fused"):
+        for v in OURS:
             e = row["variants"].get(v, {})
             if ref and e.get("tokens"):
                 e["vs_mlx_nvfp4"] = first_difference(e["tokens"], ref[0]["top2"])
@@ -330,7 +339,7 @@ def table(points, variants) -> str:
                 cells.append("error")
                 continue
             c = f"{d['median']:.0f} ({d['min']:.0f}-{d['max']:.0f})"
-            if base and v in ("fp4", "fp4_fused"):
+            if base and v in OURS:
                 c += f", {d['median'] / base['median']:.2f}x"
             if e.get("bandwidth_fraction"):
                 c += f", {100 * e['bandwidth_fraction']:.0f}% bw"
