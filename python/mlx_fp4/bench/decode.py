@@ -24,10 +24,11 @@ import time
 import mlx.core as mx
 
 from ..formats import MODE_DEFAULTS
-from .decode_host import host_costs, host_table, install_floor, node_cost, step_graph
+from .decode_host import host_costs, host_profile, host_table, install_floor, node_cost, step_graph
 from .plot import pyplot
 
-VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv", "floor")
+VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv", "floor", "floor_view")
+FLOORS = ("floor", "floor_view")
 OURS = ("fp4", "fp4_fused", "fp4_qkv")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
@@ -35,7 +36,8 @@ LABELS = {
     "fp4": "mlx_fp4.nn.FP4Linear (same bytes)",
     "fp4_fused": "FP4Linear + fuse_swiglu",
     "fp4_qkv": "FP4Linear + fuse_swiglu + fused QKV",
-    "floor": "floor: no matmuls (1 view/pad node per linear)",
+    "floor": "floor: 1 trivial kernel per linear",
+    "floor_view": "floor: 1 view node per linear",
 }
 MOE_MODULES = ("qwen3_moe", "gpt_oss")  # presets with expert layers: no floor variant (experts stay)
 # Layer shapes of the public configs; weights are random (no download).
@@ -125,11 +127,11 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs(num_hidden_layers=layers, **cfg))
     notes = {}
-    if variant == "floor":
-        notes["floor_linears"] = install_floor(model)  # before the weights are evaluated: never made
+    if variant in FLOORS:  # before the weights are evaluated: the linears' are never made
+        notes["floor_linears"] = install_floor(model, kernel=variant == "floor")
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    if variant not in ("dense", "floor"):
+    if variant != "dense" and variant not in FLOORS:
         # Every Linear (the lm_head too) and every SwitchLinear (MoE experts): the same bytes for
         # the three quantized variants.
         from mlx_lm.models.switch_layers import SwitchLinear
@@ -197,31 +199,6 @@ def top2_trace(model, prompt, tokens: int):
         ids = top.tolist()
         trace.append({"token": int(tok), "top2": ids, "gap": float((vals[0] - vals[1]).item())})
     return trace
-
-
-def host_profile(model, prompt, steps: int) -> dict:
-    """Single synchronous decode steps: Python graph building, mx.async_eval (encoding every node
-    and launching), then the wait for the GPU. Host-bound when the wait is small against the rest."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    y = mx.argmax(model(prompt[None], cache=cache)[:, -1, :], axis=-1)
-    mx.eval(y)
-    build, encode, wait = [], [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        y = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
-        t1 = time.perf_counter()
-        mx.async_eval(y)
-        t2 = time.perf_counter()
-        mx.eval(y)
-        t3 = time.perf_counter()
-        build.append(t1 - t0)
-        encode.append(t2 - t1)
-        wait.append(t3 - t2)
-    med = lambda v: statistics.median(v) * 1e3  # noqa: E731
-    return {"steps": steps, "build_ms": med(build), "encode_ms": med(encode), "wait_ms": med(wait),
-            "step_ms": med([a + b + c for a, b, c in zip(build, encode, wait)])}
 
 
 def run_worker(args) -> dict:
@@ -384,9 +361,9 @@ def main(argv=None) -> int:
         raise SystemExit("[bench decode] --repeats/--processes expected >= 1, --tokens >= 2, --prompt >= 1")
     if args.variants is None:
         moe = PRESETS[args.preset]["module"] in MOE_MODULES
-        args.variants = [v for v in VARIANTS if not (moe and v == "floor")]
-    if "floor" in args.variants and PRESETS[args.preset]["module"] in MOE_MODULES:
-        raise SystemExit(f"[bench decode] --variants floor expected a dense preset but got {args.preset} "
+        args.variants = [v for v in VARIANTS if not (moe and v in FLOORS)]
+    if set(FLOORS) & set(args.variants) and PRESETS[args.preset]["module"] in MOE_MODULES:
+        raise SystemExit(f"[bench decode] --variants {'/'.join(FLOORS)} expected a dense preset but got {args.preset} "
                          "(expert layers would stay dense)")
     try:
         import mlx_lm  # noqa: F401
@@ -425,6 +402,16 @@ def main(argv=None) -> int:
         "method": "mlx_lm.generate.generate_step, greedy, random weights and prompt; prefill tok/s = prompt / "
         "time to first token; decode tok/s = (tokens - 1) / time from the first to the last token; one "
         "untimed warm-up generation per process; each (variant, layers) in its own process",
+        "method_host": "host_profile: single synchronous steps of generate_step's graph (model on one token with "
+        "the filled KV cache, logsumexp, argmax) in mlx-lm's generation stream; build_ms = Python + MLX graph "
+        "construction until the outputs exist (nothing evaluated); encode_ms = mx.async_eval of the outputs, "
+        "started with the GPU idle (MLX's own host cost: graph walk, allocation, encode, launch); wait_ms = the "
+        "following mx.eval (GPU work left); medians. graph: primitive nodes of that step's unevaluated graph "
+        "(mx.export_to_dot; evaluated weights and KV cache are sources, not nodes), per layer = nodes(layer 1 "
+        "output) - nodes(layer 0 output). node_cost: a chain of 2000 dependent ops on a 64-element bf16 "
+        "array, built then evaluated: 'kernel' x + 1 (one tiny kernel each), 'view' alternating reshapes. "
+        "floor: every nn.Linear replaced by one trivial kernel (DynamicSlice copy or Pad of x to the output "
+        "width), floor_view: by one view (Slice / Contiguous; Pad where the output is wider); no weights",
         "bandwidth": bandwidth,
         "points": points,
         "raw": results,

@@ -24,31 +24,38 @@ NODE_REPEATS = 5  # chains timed per kind (median)
 
 class FloorLinear(nn.Module):
     """A parameter-free stand-in for ``nn.Linear(input_dims, output_dims)``: exactly one graph node
-    whose output has the linear's shape and dtype and depends on ``x``.
+    whose output has the linear's shape and dtype and depends on ``x``. The values are not a product
+    (a floor for timing, not a model).
 
-    - ``output_dims < input_dims``: ``x[..., :output_dims]`` (a Slice: a view, no GPU kernel);
-    - ``output_dims > input_dims``: ``x`` zero-padded to ``output_dims`` (a Pad: one fill+copy
-      kernel over the output, e.g. 256 KB for a 128256-token lm_head);
-    - equal: ``mx.contiguous(x)`` (a Contiguous: a view of an already contiguous ``x``; a plain
-      no-op slice would add no node at all).
-    The values are not a product (a floor for timing, not a model)."""
+    ``kernel=True`` (the "floor" variant): one GPU kernel per linear, as any matmul needs, but a
+    trivial one: ``output_dims <= input_dims``: ``mx.slice(x, 0, ...)`` of the first output_dims
+    features (a DynamicSlice: a copy kernel over the output); ``output_dims > input_dims``: ``x``
+    zero-padded to output_dims (a Pad: one fill+copy kernel over the output, e.g. 256 KB for a
+    128256-token lm_head).
 
-    def __init__(self, input_dims: int, output_dims: int):
+    ``kernel=False`` (the "floor_view" variant): no kernel where a view does: fewer outputs, the
+    static slice ``x[..., :output_dims]`` (a Slice view); equal, ``mx.contiguous(x)`` (a view of an
+    already contiguous x; a no-op slice would add no node at all); more outputs, the same Pad."""
+
+    def __init__(self, input_dims: int, output_dims: int, kernel: bool = True):
         super().__init__()
-        self.input_dims, self.output_dims = input_dims, output_dims
+        self.input_dims, self.output_dims, self.kernel = input_dims, output_dims, kernel
+        # a plain attribute, not a parameter: the DynamicSlice's start offset, built once
+        object.__setattr__(self, "_start", mx.array([0], mx.int32))
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.output_dims < self.input_dims:
-            return x[..., : self.output_dims]
-        if self.output_dims > self.input_dims:
-            return mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, self.output_dims - self.input_dims)])
-        return mx.contiguous(x)
+        n = self.output_dims
+        if n > self.input_dims:
+            return mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - self.input_dims)])
+        if self.kernel:
+            return mx.slice(x, self._start, axes=(x.ndim - 1,), slice_size=(*x.shape[:-1], n))
+        return x[..., :n] if n < self.input_dims else mx.contiguous(x)
 
     def _extra_repr(self):
-        return f"input_dims={self.input_dims}, output_dims={self.output_dims}"
+        return f"input_dims={self.input_dims}, output_dims={self.output_dims}, kernel={self.kernel}"
 
 
-def install_floor(model: nn.Module) -> int:
+def install_floor(model: nn.Module, kernel: bool = True) -> int:
     """Replace every ``nn.Linear`` of ``model`` (in place, before its weights are evaluated, so they
     are never materialized) with a :class:`FloorLinear`; returns how many were replaced."""
     from ..layers.linear import swap_modules
@@ -60,7 +67,7 @@ def install_floor(model: nn.Module) -> int:
         if type(m) is nn.Linear:  # not subclasses (e.g. mlx-lm SwitchLinear is a separate class)
             count += 1
             out_dims, in_dims = m.weight.shape
-            return FloorLinear(in_dims, out_dims)
+            return FloorLinear(in_dims, out_dims, kernel)
         return None
 
     swap_modules(model, make)
@@ -112,30 +119,74 @@ def _capture_layer_outputs(layers, picks):
     return outs, restore
 
 
-def step_graph(model, prompt) -> dict:
-    """Node count of one decode step (the graph ``host_profile`` times: forward of one token with a
-    filled KV cache, last position, argmax), and of one decoder layer: nodes(layer 1 output) -
-    nodes(layer 0 output), exact since layer 1's graph contains layer 0's."""
+def decode_step(model, tokens, cache):
+    """The graph of one ``mlx_lm.generate.generate_step`` greedy step (its ``_step``): the model on
+    ``tokens`` (1-D) with the KV cache, the last position's log-probabilities, their argmax.
+    Returns (next token [1], log-probabilities [vocab]), both unevaluated."""
+    logits = model(tokens[None], cache=cache)[:, -1, :]
+    logprobs = logits - mx.logsumexp(logits, keepdims=True)
+    return mx.argmax(logprobs, axis=-1), logprobs.squeeze(0)
+
+
+def _filled_cache(model, prompt):
+    """A KV cache after the prompt, and the first generated token (evaluated)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    y = mx.argmax(model(prompt[None], cache=cache)[:, -1, :], axis=-1)
-    mx.eval(y)
+    y, lp = decode_step(model, prompt, cache)
+    mx.eval(y, lp)
+    return cache, y
+
+
+def host_profile(model, prompt, steps: int) -> dict:
+    """Single synchronous decode steps (the graph of :func:`decode_step`, in mlx-lm's generation
+    stream), each timed in three parts: ``build`` (Python + MLX graph construction: the model
+    forward until its outputs exist, nothing evaluated), ``encode`` (``mx.async_eval``: MLX walks
+    the graph, allocates, encodes and launches every node; the GPU is idle when it starts, since the
+    previous step was waited for, so this is MLX's own host cost) and ``wait`` (the following
+    ``mx.eval``: the GPU work still running after the last launch). Host-bound when ``wait`` is
+    small against build + encode. Medians over ``steps``."""
+    from mlx_lm.generate import generation_stream
+
+    with mx.stream(generation_stream):
+        cache, y = _filled_cache(model, prompt)
+        build, encode, wait = [], [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            y, lp = decode_step(model, y, cache)
+            t1 = time.perf_counter()
+            mx.async_eval(y, lp)
+            t2 = time.perf_counter()
+            mx.eval(y, lp)
+            t3 = time.perf_counter()
+            build.append(t1 - t0)
+            encode.append(t2 - t1)
+            wait.append(t3 - t2)
+    med = lambda v: statistics.median(v) * 1e3  # noqa: E731
+    return {"steps": steps, "build_ms": med(build), "encode_ms": med(encode), "wait_ms": med(wait),
+            "step_ms": med([a + b + c for a, b, c in zip(build, encode, wait)])}
+
+
+def step_graph(model, prompt) -> dict:
+    """Node count of one decode step (the graph of :func:`decode_step` with a filled KV cache), and
+    of one decoder layer: nodes(layer 1 output) - nodes(layer 0 output), exact since layer 1's graph
+    contains layer 0's."""
+    cache, y = _filled_cache(model, prompt)
     layers = model.layers
     picks = [0, 1] if len(layers) > 1 else [0]
     outs, restore = _capture_layer_outputs(layers, picks)
     try:
-        y = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+        y, lp = decode_step(model, y, cache)
     finally:
         restore()
-    step = graph_nodes(y)
+    step = graph_nodes(y, lp)
     first = graph_nodes(_first_array(outs[0]))
     res = {"step": step, "layers": len(layers), "nodes_through_layer0": first["nodes"]}
     if len(picks) > 1:
         per = graph_nodes(_first_array(outs[1]))["nodes"] - first["nodes"]
         res["nodes_per_layer"] = per
         res["nodes_outside_layers"] = step["nodes"] - per * len(layers)
-    mx.eval(y)
+    mx.eval(y, lp)
     return res
 
 
