@@ -31,7 +31,7 @@ def test_tiny_decode_all_variants(tiny_doc):
         assert len(v["tokens"]) == 6
     q = point["variants"]["mlx_nvfp4"]
     assert point["variants"]["dense"]["weight_bytes_per_step"] > 3 * q["weight_bytes_per_step"]
-    for name in ("fp4", "fp4_fused"):
+    for name in decode.OURS:
         v = point["variants"][name]
         assert v["weight_bytes_per_step"] == q["weight_bytes_per_step"]  # the same bytes
         assert v["first_token_difference_vs_mlx_nvfp4"] is None, name
@@ -63,7 +63,7 @@ def test_floor_variant_has_one_node_per_linear(tiny_doc):
     linears = 7 * 2 + 1  # q/k/v/o + gate/up/down per layer, lm_head
     assert v["floor"]["notes"]["floor_linears"] == linears
     prims = v["floor"]["graph"]["step"]["by_primitive"]
-    assert prims["DynamicSlice"] + prims["Pad"] == linears  # one kernel per linear
+    assert prims["GatherAxis"] == linears  # one kernel per linear
     for name, e in v.items():
         g = e["graph"]
         assert g["layers"] == 2 and g["step"]["nodes"] == 2 * g["nodes_per_layer"] + g["nodes_outside_layers"], name
@@ -83,19 +83,20 @@ def test_floor_linear_is_one_node_of_the_linear_shape(dims, kernel):
     from mlx_fp4.bench.decode_host import FloorLinear, graph_nodes
 
     k, n = dims
-    x = mx.random.normal((1, 3, k)).astype(mx.bfloat16)
+    x = mx.random.normal((1, 1, k)).astype(mx.bfloat16)  # a decode step's activation
     mx.eval(x)
     layer = FloorLinear(k, n, kernel=kernel)
     assert not layer.parameters()
     y = layer(x)
     g = graph_nodes(y)
     assert g["nodes"] == 1
-    want = "Pad" if n > k else ("DynamicSlice" if kernel else ("Slice" if n < k else "Contiguous"))
+    want = "GatherAxis" if kernel or n > k else ("Slice" if n < k else "Contiguous")
     assert g["by_primitive"] == {want: 1}
-    assert y.shape == (1, 3, n) and y.dtype == mx.bfloat16
-    # it depends on x: the first min(k, n) features are x's
-    m = min(k, n)
-    assert mx.array_equal(y[..., :m], x[..., :m]).item()
+    assert y.shape == (1, 1, n) and y.dtype == mx.bfloat16
+    # it depends on x: output feature j is x's feature j % k
+    assert mx.array_equal(y, x[..., [j % k for j in range(n)]]).item()
+    y5 = layer(mx.ones((2, 5, k), mx.bfloat16))  # a prefill-shaped input
+    assert y5.shape == (2, 5, n)
 
 
 def _tiny_fp4(fused_qkv: bool):

@@ -410,8 +410,9 @@ def main(argv=None) -> int:
         "(mx.export_to_dot; evaluated weights and KV cache are sources, not nodes), per layer = nodes(layer 1 "
         "output) - nodes(layer 0 output). node_cost: a chain of 2000 dependent ops on a 64-element bf16 "
         "array, built then evaluated: 'kernel' x + 1 (one tiny kernel each), 'view' alternating reshapes. "
-        "floor: every nn.Linear replaced by one trivial kernel (DynamicSlice copy or Pad of x to the output "
-        "width), floor_view: by one view (Slice / Contiguous; Pad where the output is wider); no weights",
+        "floor: every nn.Linear replaced by one trivial kernel (GatherAxis: output feature j = x's feature "
+        "j % input_dims), floor_view: by one view (Slice / Contiguous; the same GatherAxis where the output is "
+        "wider); no weights",
         "bandwidth": bandwidth,
         "points": points,
         "raw": results,

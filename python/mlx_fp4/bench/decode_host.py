@@ -24,31 +24,39 @@ NODE_REPEATS = 5  # chains timed per kind (median)
 
 class FloorLinear(nn.Module):
     """A parameter-free stand-in for ``nn.Linear(input_dims, output_dims)``: exactly one graph node
-    whose output has the linear's shape and dtype and depends on ``x``. The values are not a product
-    (a floor for timing, not a model).
+    (per decode step) whose output has the linear's shape and dtype and depends on ``x``. The values
+    are not a product (a floor for timing, not a model).
 
-    ``kernel=True`` (the "floor" variant): one GPU kernel per linear, as any matmul needs, but a
-    trivial one: ``output_dims <= input_dims``: ``mx.slice(x, 0, ...)`` of the first output_dims
-    features (a DynamicSlice: a copy kernel over the output); ``output_dims > input_dims``: ``x``
-    zero-padded to output_dims (a Pad: one fill+copy kernel over the output, e.g. 256 KB for a
-    128256-token lm_head).
+    ``kernel=True`` (the "floor" variant): one trivial GPU kernel per linear, as any matmul needs:
+    ``mx.take_along_axis(x, idx, axis=-1)`` with a precomputed ``idx[j] = j % input_dims`` of shape
+    [1, 1, output_dims] (a GatherAxis: one gather over the output, e.g. 256 KB for a 128256-token
+    lm_head; inputs with leading dims other than 1 (prefill) get MLX's broadcast nodes too).
 
     ``kernel=False`` (the "floor_view" variant): no kernel where a view does: fewer outputs, the
-    static slice ``x[..., :output_dims]`` (a Slice view); equal, ``mx.contiguous(x)`` (a view of an
-    already contiguous x; a no-op slice would add no node at all); more outputs, the same Pad."""
+    slice ``x[..., :output_dims]`` (a Slice view); equal, ``mx.contiguous(x)`` (a view of an already
+    contiguous x; a no-op slice would add no node at all); more outputs (gate/up, lm_head), the same
+    GatherAxis (a one-node view cannot widen the last axis)."""
 
     def __init__(self, input_dims: int, output_dims: int, kernel: bool = True):
         super().__init__()
         self.input_dims, self.output_dims, self.kernel = input_dims, output_dims, kernel
-        # a plain attribute, not a parameter: the DynamicSlice's start offset, built once
-        object.__setattr__(self, "_start", mx.array([0], mx.int32))
+        # plain attributes, not parameters: the gather indices per input rank, built once
+        object.__setattr__(self, "_indices", {})
+        self._gather_indices(3)  # mlx-lm's [B, L, D] activations
+
+    def _gather_indices(self, ndim: int) -> mx.array:
+        idx = self._indices.get(ndim)
+        if idx is None:
+            n = self.output_dims
+            idx = (mx.arange(n, dtype=mx.uint32) % self.input_dims).reshape((1,) * (ndim - 1) + (n,))
+            mx.eval(idx)
+            self._indices[ndim] = idx
+        return idx
 
     def __call__(self, x: mx.array) -> mx.array:
         n = self.output_dims
-        if n > self.input_dims:
-            return mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - self.input_dims)])
-        if self.kernel:
-            return mx.slice(x, self._start, axes=(x.ndim - 1,), slice_size=(*x.shape[:-1], n))
+        if self.kernel or n > self.input_dims:
+            return mx.take_along_axis(x, self._gather_indices(x.ndim), axis=-1)
         return x[..., :n] if n < self.input_dims else mx.contiguous(x)
 
     def _extra_repr(self):
