@@ -252,9 +252,12 @@ def host_costs(profile: dict, graph: dict, cost: dict) -> dict:
 
 
 def host_table(points, variants, labels) -> str:
-    """Markdown: per (layers, variant) the step's nodes, nodes per layer, and the host profile."""
+    """Markdown: per (layers, variant) the step's nodes, nodes per layer, the host profile, the host
+    time per node and per layer (build + encode over the step's nodes, times nodes per layer) and the
+    model-free per-node cost of the chains (:func:`node_cost`), measured in that variant's process."""
     lines = ["| layers | variant | nodes/step | nodes/layer | build ms | async_eval ms | wait ms | step ms "
-             "| build+encode us/node |", "|---" * 9 + "|"]
+             "| build+encode us/node | host ms/layer | chain us/node: kernel build+eval, view build+eval |",
+             "|---" * 11 + "|"]
     for p in points:
         for v in variants:
             e = p["variants"][v]
@@ -262,7 +265,11 @@ def host_table(points, variants, labels) -> str:
             if not g or not prof:
                 continue
             per_node = (prof["build_ms"] + prof["encode_ms"]) * 1e3 / g["step"]["nodes"]
+            per_layer = f"{per_node * g['nodes_per_layer'] / 1e3:.3f}" if "nodes_per_layer" in g else "-"
+            c = e.get("node_cost") or {}
+            chain = " / ".join(f"{c[k]['build_us_per_node']:.2f}+{c[k]['eval_us_per_node']:.2f}"
+                               for k in ("kernel", "view") if k in c)
             lines.append(f"| {p['layers']} | {labels[v]} | {g['step']['nodes']} | {g.get('nodes_per_layer', '-')} "
                          f"| {prof['build_ms']:.2f} | {prof['encode_ms']:.2f} | {prof['wait_ms']:.2f} "
-                         f"| {prof['step_ms']:.2f} | {per_node:.2f} |")
+                         f"| {prof['step_ms']:.2f} | {per_node:.2f} | {per_layer} | {chain or '-'} |")
     return "\n".join(lines)
