@@ -71,7 +71,8 @@ def test_floor_variant_has_one_node_per_linear(tiny_doc):
         prof = e["host_profile"]
         assert all(prof[k] > 0 for k in ("build_ms", "encode_ms", "step_ms")), name
         assert e["host_per_node"]["build_us_per_node"] > 0, name
-        for kind in ("kernel", "view"):
+        for kind in ("kernel", "view"):  # one node per op in both chains
+            assert e["node_cost"][kind]["nodes"] == e["node_cost"]["chain_ops"], name
             assert e["node_cost"][kind]["eval_us_per_node"] > 0, name
 
 
