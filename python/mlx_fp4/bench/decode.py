@@ -4,13 +4,17 @@
 
 Variants on the same bytes: dense bf16 (``nn.Linear``), MLX's nvfp4 ``nn.QuantizedLinear``
 (``nn.quantize(mode="nvfp4")``), ``mlx_fp4.nn.FP4Linear`` wrapping those very layers
-(``mlx_fp4.nn.quantize``) and the same with ``mlx_fp4.nn.fuse_swiglu``. Each (variant, layers) runs in
+(``mlx_fp4.nn.quantize``), the same with ``mlx_fp4.nn.fuse_swiglu``, and with a fused QKV projection too
+(``fp4_qkv``, bench/decode_qkv.py). Two matmul-free floors (``floor``: one trivial kernel per linear,
+``floor_view``: one view where it can; bench/decode_host.py) bound what any matmul kernel can reach
+through mlx-lm + MLX. Each (variant, layers) runs in
 its own process (one model in memory, no order effects inside a process), ``--processes`` times in
 rotating order; each process greedy-decodes ``--repeats`` times with ``mlx_lm.generate.generate_step``
 after one untimed warm-up. Reported per point: median and spread (min, max) over all repeats of
 prefill tok/s (prompt tokens / time to the first token) and decode tok/s (tokens after the first /
 their time), the weight bytes one decode step reads and their fraction of the copy bandwidth, and a
-host-side profile of single decode steps (graph building, encoding, waiting for the GPU).
+host-side profile of single decode steps (graph building, encoding, waiting for the GPU), the step's
+graph node count (total, per layer) and MLX's model-free cost per node.
 """
 
 import argparse

@@ -2,10 +2,12 @@
 decode step, and MLX's cost per graph node.
 
 The floor variant is the same mlx-lm model with every ``nn.Linear`` (q/k/v/o, gate/up/down,
-lm_head) replaced by :class:`FloorLinear`, one graph node that keeps the output shape and its
-dependence on ``x`` but does (almost) no GPU work. Its decode tok/s is an upper bound that no
-matmul kernel can beat through mlx-lm + MLX: each real variant has at least one node per linear,
-and a kernel node costs the host at least what a view node costs.
+lm_head) replaced by :class:`FloorLinear`, one graph node with one trivial kernel that keeps the
+output shape and its dependence on ``x`` but does (almost) no GPU work. Its decode tok/s is an upper
+bound that no matmul kernel can beat through mlx-lm + MLX: a real linear is at least one node with
+at least one launch (and more inputs to track) plus real GPU time, and everything else in the step
+(norms, RoPE, attention, KV cache, sampling) is the same graph. ``floor_view`` (views instead of
+kernels where possible) shows what the launches themselves cost.
 """
 
 import os
