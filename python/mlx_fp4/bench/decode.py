@@ -224,8 +224,9 @@ def run_worker(args) -> dict:
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()
-    return {"variant": variant, "layers": layers, "pid": os.getpid(), "notes": notes, "setup_s": setup_s, "warmup_s": warmup_s,
-            "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace, "runs": runs, "host_profile": prof,
+    return {"variant": variant, "layers": layers, "pid": os.getpid(), "notes": notes, "setup_s": setup_s,
+            "warmup_s": warmup_s, "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace,
+            "runs": runs, "host_profile": prof,
             "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
             "peak_memory_bytes": mx.get_peak_memory(),
             "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
