@@ -1,6 +1,7 @@
-// W4A16 NVFP4 matmul kernels for Apple GPUs: out = epilogue(gs * (x @ dequant(w, scales)^T)).
+// W4A16 FP4 matmul kernels for Apple GPUs: out = epilogue(gs * (x @ dequant(w, scales)^T)).
 // x [M, K] (float, half or bfloat, rows contiguous); w [N, w_row_bytes] packed E2M1, low nibble
-// = even k; scales [N, scale_row_bytes] E4M3 bytes, one per 16 columns; out [M, N].
+// = even k; scales [N, scale_row_bytes]: E4M3 bytes, one per 16 columns (NVFP4), or E8M0 bytes,
+// one per 32 columns (MXFP4: the fc_gemm_mxfp4 function constant); out [M, N].
 // Kernel: w4a16_gemm (fused cooperative decode + simdgroup MMA, BN = 64, (BM, BK) = (128, 64)
 // or (64, 32), optional staged scales); the vector path is w4a16_gemv.metal. The host picks
 // one in w4a16_dispatch.h; kernels are instantiated at JIT time by lines that
@@ -22,6 +23,8 @@ constant bool fc_gemm_x_vec2 [[function_constant(kMetalFcGemmXVec2)]];
 constant bool fc_gemm_w_vec8 [[function_constant(kMetalFcGemmWVec8)]];
 constant bool fc_gemm_scale_word [[function_constant(kMetalFcGemmScaleWord)]];
 constant bool fc_gemm_out_vec2 [[function_constant(kMetalFcGemmOutVec2)]];
+// The scale format (kMetalFlagMxfp4), resolved at pipeline creation like the alignment.
+constant bool fc_gemm_mxfp4 [[function_constant(kMetalFcGemmMxfp4)]];
 
 // Row offsets (in elements of x) of the 4 fragment rows one lane reads. Rows past M are clamped
 // to M - 1: they are read (in bounds) but their results are never stored.
@@ -85,13 +88,60 @@ inline half load_scale(device const uchar* scales, constant W4A16MetalParams& p,
   return block_scale_f16(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
 }
 
+// MXFP4: an E8M0 scale (2^-127 .. 2^127) times an E2M1 value does not fit a half, so the tile
+// holds the bare E2M1 values (decode scale 1) and the MMA multiplies each B element by its
+// row's block scale in fp32, from the strip's scale rows sx ([BN][BK / 32] floats). Exact while
+// the weight itself is an fp32 (scale codes <= 252: 6 * 2^125; above, |w| >= 2^128 is Inf).
+// The scale of weight row n, block kb / 32, as fp32; 0 when the block lies outside.
+inline float load_scale_mx(
+    device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
+  if (n >= p.n || kb >= p.k) {
+    return 0.0f;
+  }
+  return scale_to_float(kModeMxfp4, scales[long(n) * p.scale_row_bytes + kb / kMxfp4BlockSize]);
+}
+
+// Decode threads per 32-column MXFP4 block (each thread decodes kMetalDecodeCols columns).
+FP4_CONST int kMxDecodeThreads = kMxfp4BlockSize / kMetalDecodeCols;
+
+// Per-thread scale load + decode of one strip's block (the unstaged path, tiles crossing N, the K
+// tail): decode thread (dn, dblk) of the strip at column k0 decodes into the tile bsb. NVFP4: its
+// own E4M3 scale, folded into the tile. MXFP4: scale 1; the block's first decode thread stores
+// the E8M0 scale into the scale rows sxb. FAST: the unchecked decode (whole tile inside N and K).
+template <int BK, bool FAST, bool MX>
+inline void decode_own_scale(
+    threadgroup half* bsb,
+    threadgroup float* sxb,
+    device const uchar* w,
+    device const uchar* scales,
+    constant W4A16MetalParams& p,
+    int n0,
+    int dn,
+    int dblk,
+    int k0) {
+  const int kb = k0 + dblk * kMetalDecodeCols;
+  threadgroup half* dst = bsb + dn * (BK + kMetalBPad) + dblk * kMetalDecodeCols;
+  half sc = half(1.0f);
+  if (MX) {
+    if (dblk % kMxDecodeThreads == 0) {
+      sxb[dn * (BK / kMxfp4BlockSize) + dblk / kMxDecodeThreads] =
+          load_scale_mx(scales, p, n0 + dn, kb);
+    }
+  } else {
+    sc = load_scale(scales, p, n0 + dn, kb);
+  }
+  decode_block16<!FAST>(dst, w, p, n0 + dn, kb, sc);
+}
+
 // Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
 // B comes from the decoded threadgroup tile bs ([BN][BK + pad] halfs), A from device memory.
 // KMASK: the strip crosses K; A columns >= K read as zero and touch no memory past K.
-template <typename XT, int BK, bool KMASK>
+// MX: B elements times their MXFP4 block scale from sx (see load_scale_mx).
+template <typename XT, int BK, bool KMASK, bool MX>
 inline void mma_strip(
     thread simdgroup_float8x8* acc,
     threadgroup const half* bs,
+    threadgroup const float* sx,
     device const XT* x,
     ARows a,
     int k0,
@@ -130,8 +180,16 @@ inline void mma_strip(
     for (int j = 0; j < kMetalSgFrags; ++j) {
       // B fragment element (row k, col n) = W[n][k]: lane holds (fm, fn) and (fm, fn + 1).
       const int nl = sg_n * kMetalSgTile + j * kMetalFrag + fn;
-      bf[j].thread_elements()[0] = float(bs[nl * ld + kk + fm]);
-      bf[j].thread_elements()[1] = float(bs[(nl + 1) * ld + kk + fm]);
+      float b0 = float(bs[nl * ld + kk + fm]);
+      float b1 = float(bs[(nl + 1) * ld + kk + fm]);
+      if (MX) {
+        // both elements lie in block kk / 32 (a fragment's 8 k never cross a block)
+        constexpr int kMxBlocks = BK / kMxfp4BlockSize;
+        b0 *= sx[nl * kMxBlocks + kk / kMxfp4BlockSize];
+        b1 *= sx[(nl + 1) * kMxBlocks + kk / kMxfp4BlockSize];
+      }
+      bf[j].thread_elements()[0] = b0;
+      bf[j].thread_elements()[1] = b1;
     }
     for (int i = 0; i < kMetalSgFrags; ++i) {
       for (int j = 0; j < kMetalSgFrags; ++j) {
@@ -146,6 +204,10 @@ inline void mma_strip(
 template <int bytes>
 struct ScaleWord;
 template <>
+struct ScaleWord<1> {
+  typedef uchar type;
+};
+template <>
 struct ScaleWord<2> {
   typedef ushort type;
 };
@@ -154,6 +216,28 @@ struct ScaleWord<4> {
   typedef uint type;
 };
 
+// One strip's MMAs, the K-tail mask chosen by `full` (the strip lies inside K).
+template <typename XT, int BK, bool MX>
+inline void mma_strip_at(
+    thread simdgroup_float8x8* acc,
+    threadgroup const half* bs,
+    threadgroup const float* sx,
+    device const XT* x,
+    ARows a,
+    int k0,
+    int k_end,
+    bool full,
+    bool x_vec,
+    short fm,
+    short fn,
+    int sg_n) {
+  if (full) {
+    mma_strip<XT, BK, false, MX>(acc, bs, sx, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+  } else {
+    mma_strip<XT, BK, true, MX>(acc, bs, sx, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+  }
+}
+
 // One threadgroup computes a BM x 64 output tile. Threads: BM / 32 * 2 simdgroups. Each strip
 // of BK columns: the threadgroup decodes the (64, BK) weight sub-tile into threadgroup memory
 // (thread t decodes row t / (BK / 16), block t % (BK / 16)), then every simdgroup runs its
@@ -161,35 +245,38 @@ struct ScaleWord<4> {
 // loads its own scale byte. STAGE = true: 64 threads first load the strip's scales, one word of
 // BK / 16 bytes per weight row, into threadgroup memory; one B buffer, three barriers per strip
 // (the seed's measured M5 layout). Tiles crossing N, the K tail and unaligned scale rows use the
-// per-thread loads.
-template <typename XT, typename OutT, int BM, int BK, bool STAGE>
-[[max_total_threads_per_threadgroup(kMetalGemmMaxThreads)]] [[kernel]] void w4a16_gemm(
-    device const XT* x [[buffer(kMetalBufX)]],
-    device const uchar* w [[buffer(kMetalBufW)]],
-    device const uchar* scales [[buffer(kMetalBufScales)]],
-    device OutT* out [[buffer(kMetalBufOut)]],
-    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
-    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
-    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
-    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
-    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
-    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
-    device float* partials [[buffer(kMetalBufPartials)]],
-    uint tg_index [[threadgroup_position_in_grid]],
-    uint tid [[thread_index_in_threadgroup]],
-    uint sgid [[simdgroup_index_in_threadgroup]],
-    uint lane [[thread_index_in_simdgroup]]) {
+// per-thread loads. MXFP4 (fc_gemm_mxfp4): the same plan; a strip holds BK / 32 E8M0 blocks, two
+// decode threads per block, and the scales go to the MMA (sx) instead of into the tile.
+// The kernel (below) declares the threadgroup memory: bs4 (the B tiles), ss (staged NVFP4
+// scales), sx (MXFP4 scales, [buffers][BN][BK / 32]).
+template <typename XT, typename OutT, int BM, int BK, bool STAGE, bool MX>
+inline void w4a16_gemm_tile(
+    device const XT* x,
+    device const uchar* w,
+    device const uchar* scales,
+    device OutT* out,
+    constant W4A16MetalParams& p,
+    device const float* gscale,
+    device const uchar* op0,
+    device const uchar* op1,
+    device const uchar* op2,
+    device const uchar* op3,
+    device float* partials,
+    threadgroup half4* bs4,
+    threadgroup half* ss,
+    threadgroup float* sx,
+    uint tg_index,
+    uint tid,
+    uint sgid,
+    uint lane) {
   constexpr int kThreads = metal_gemm_threads(BM);
   constexpr int kTpr = kThreads / kMetalBN;  // decode threads per weight row
-  constexpr int kBlocks = BK / kBlockSize;   // scale blocks per strip
+  constexpr int kBlocks = BK / kBlockSize;         // NVFP4 scale blocks per strip
+  constexpr int kMxBlocks = BK / kMxfp4BlockSize;  // MXFP4 scale blocks per strip
   constexpr int kLd = BK + kMetalBPad;
-  constexpr int kNumBuf = STAGE ? 1 : 2;
   static_assert(kTpr * kMetalDecodeCols == BK, "one thread decodes one scale block per strip");
   static_assert(kTpr == kBlocks, "a decode thread owns one scale block of the strip");
-
-  // half4 elements so that the half4 stores of the decode are aligned.
-  threadgroup half4 bs4[kNumBuf * kMetalBN * kLd / 4];
-  threadgroup half ss[STAGE ? kMetalBN * kBlocks : 1];
+  static_assert(kMxBlocks * kMxfp4BlockSize == BK, "a strip holds whole MXFP4 blocks");
 
   // Split-K: the high bits of the index pick the K partition, the low ones the Morton tile.
   const uint log2_tiles = uint(p.log2_grid_m + p.log2_grid_n);
@@ -232,65 +319,64 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
 
   if (STAGE) {
     using ScaleWordT = typename ScaleWord<kBlocks>::type;
+    using MxScaleWordT = typename ScaleWord<kMxBlocks>::type;
     const bool s_word = fc_gemm_scale_word;
     for (int s = s_begin; s < s_end; ++s) {
       const int k0 = s * BK;
-      const int kb = k0 + dblk * kMetalDecodeCols;
-      threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
       if (w_fast && s_word && s < full_strips) {
-        // One coalesced load per weight row: the strip's kBlocks scale bytes as one word.
+        // One coalesced load per weight row: the strip's scale bytes as one word.
         if (int(tid) < kMetalBN) {
-          const ScaleWordT word = *((device const ScaleWordT*)(
-              scales + long(n0 + tid) * p.scale_row_bytes + s * kBlocks));
-          for (int b = 0; b < kBlocks; ++b) {
-            ss[tid * kBlocks + b] = block_scale_f16((uint(word) >> (8u * uint(b))) & 0xFFu);
+          device const uchar* srow = scales + long(n0 + tid) * p.scale_row_bytes;
+          if (MX) {
+            const MxScaleWordT word = *((device const MxScaleWordT*)(srow + s * kMxBlocks));
+            for (int b = 0; b < kMxBlocks; ++b) {
+              const uint code = (uint(word) >> (8u * uint(b))) & 0xFFu;
+              sx[tid * kMxBlocks + b] = scale_to_float(kModeMxfp4, code);
+            }
+          } else {
+            const ScaleWordT word = *((device const ScaleWordT*)(srow + s * kBlocks));
+            for (int b = 0; b < kBlocks; ++b) {
+              ss[tid * kBlocks + b] = block_scale_f16((uint(word) >> (8u * uint(b))) & 0xFFu);
+            }
           }
         }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        decode_block16<false>(dst, w, p, n0 + dn, kb, ss[dn * kBlocks + dblk]);
+        if (!MX) {
+          // the decode reads ss (MXFP4's sx is read by the MMA, after the next barrier)
+          threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        const half sc = MX ? half(1.0f) : ss[dn * kBlocks + dblk];
+        decode_block16<false>(bs + dn * kLd + dblk * kMetalDecodeCols, w, p, n0 + dn,
+                              k0 + dblk * kMetalDecodeCols, sc);
       } else {
-        decode_block16<true>(dst, w, p, n0 + dn, kb, load_scale(scales, p, n0 + dn, kb));
+        decode_own_scale<BK, false, MX>(bs, sx, w, scales, p, n0, dn, dblk, k0);
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      if (s < full_strips) {
-        mma_strip<XT, BK, false>(acc, bs, x, a, k0, p.k, x_vec, fm, fn, sg_n);
-      } else {
-        mma_strip<XT, BK, true>(acc, bs, x, a, k0, p.k, x_vec, fm, fn, sg_n);
-      }
+      mma_strip_at<XT, BK, MX>(acc, bs, sx, x, a, k0, p.k, s < full_strips, x_vec, fm, fn, sg_n);
       threadgroup_barrier(mem_flags::mem_threadgroup);
     }
   } else {
-    // Prologue: strip 0 into buffer 0. Then each step decodes strip s + 1 into the other buffer
-    // while the simdgroups multiply strip s; one barrier separates the steps.
-    {
-      const int kb = s_begin * BK + dblk * kMetalDecodeCols;
-      threadgroup half* dst = bs + dn * kLd + dblk * kMetalDecodeCols;
-      const half sc = load_scale(scales, p, n0 + dn, kb);
-      if (w_fast && s_begin < full_strips) {
-        decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
-      } else {
-        decode_block16<true>(dst, w, p, n0 + dn, kb, sc);
-      }
+    // Prologue: strip s_begin into buffer 0. Then each step decodes strip s + 1 into the other
+    // buffer while the simdgroups multiply strip s; one barrier separates the steps.
+    if (w_fast && s_begin < full_strips) {
+      decode_own_scale<BK, true, MX>(bs, sx, w, scales, p, n0, dn, dblk, s_begin * BK);
+    } else {
+      decode_own_scale<BK, false, MX>(bs, sx, w, scales, p, n0, dn, dblk, s_begin * BK);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int s = s_begin; s < s_end; ++s) {
       if (s + 1 < s_end) {
-        const int kb = (s + 1) * BK + dblk * kMetalDecodeCols;
-        threadgroup half* dst =
-            bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd + dn * kLd + dblk * kMetalDecodeCols;
-        const half sc = load_scale(scales, p, n0 + dn, kb);
+        const int nb = (s + 1 - s_begin) % 2;
+        threadgroup half* bsn = bs + nb * kMetalBN * kLd;
+        threadgroup float* sxn = sx + nb * kMetalBN * kMxBlocks;
         if (w_fast && s + 1 < full_strips) {
-          decode_block16<false>(dst, w, p, n0 + dn, kb, sc);
+          decode_own_scale<BK, true, MX>(bsn, sxn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
         } else {
-          decode_block16<true>(dst, w, p, n0 + dn, kb, sc);
+          decode_own_scale<BK, false, MX>(bsn, sxn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
         }
       }
-      threadgroup const half* src = bs + ((s - s_begin) % 2) * kMetalBN * kLd;
-      if (s < full_strips) {
-        mma_strip<XT, BK, false>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);
-      } else {
-        mma_strip<XT, BK, true>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);
-      }
+      const int cb = (s - s_begin) % 2;
+      mma_strip_at<XT, BK, MX>(acc, bs + cb * kMetalBN * kLd, sx + cb * kMetalBN * kMxBlocks, x,
+                               a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);
       threadgroup_barrier(mem_flags::mem_threadgroup);
     }
   }
@@ -337,6 +423,40 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
         out[idx] = OutT(v0);
       }
     }
+  }
+}
+
+template <typename XT, typename OutT, int BM, int BK, bool STAGE>
+[[max_total_threads_per_threadgroup(kMetalGemmMaxThreads)]] [[kernel]] void w4a16_gemm(
+    device const XT* x [[buffer(kMetalBufX)]],
+    device const uchar* w [[buffer(kMetalBufW)]],
+    device const uchar* scales [[buffer(kMetalBufScales)]],
+    device OutT* out [[buffer(kMetalBufOut)]],
+    constant W4A16MetalParams& p [[buffer(kMetalBufParams)]],
+    device const float* gscale [[buffer(kMetalBufGlobalScale)]],
+    device const uchar* op0 [[buffer(kMetalBufOperand0)]],
+    device const uchar* op1 [[buffer(kMetalBufOperand1)]],
+    device const uchar* op2 [[buffer(kMetalBufOperand2)]],
+    device const uchar* op3 [[buffer(kMetalBufOperand3)]],
+    device float* partials [[buffer(kMetalBufPartials)]],
+    uint tg_index [[threadgroup_position_in_grid]],
+    uint tid [[thread_index_in_threadgroup]],
+    uint sgid [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]) {
+  constexpr int kNumBuf = STAGE ? 1 : 2;
+  // half4 elements so that the half4 stores of the decode are aligned. sx is unused (and
+  // dead after specialization) in NVFP4 pipelines.
+  threadgroup half4 bs4[kNumBuf * kMetalBN * (BK + kMetalBPad) / 4];
+  threadgroup half ss[STAGE ? kMetalBN * (BK / kBlockSize) : 1];
+  threadgroup float sx[kNumBuf * kMetalBN * (BK / kMxfp4BlockSize)];
+  if (fc_gemm_mxfp4) {  // resolved at pipeline creation
+    w4a16_gemm_tile<XT, OutT, BM, BK, STAGE, true>(
+        x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, sx, tg_index, tid,
+        sgid, lane);
+  } else {
+    w4a16_gemm_tile<XT, OutT, BM, BK, STAGE, false>(
+        x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, sx, tg_index, tid,
+        sgid, lane);
   }
 }
 
