@@ -32,50 +32,86 @@ struct ARows {
   long off[kMetalSgFrags];
 };
 
+// The B tile's element type and the decode's scale type, per mode. NVFP4: half (every E2M1 x
+// E4M3 product has at most 6 significant bits and a magnitude in [2^-10, 2688]: exact in half).
+// MXFP4: an E8M0 scale (2^-127 .. 2^127) does not fit a half; bfloat has fp32's exponent range
+// and holds every E2M1 x E8M0 product exactly (2 significant bits) while it is an fp32 (scale
+// codes <= 252; above, |w| >= 2^128 is Inf, as in mx.dequantize), the scale kept in fp32.
+template <bool MX>
+struct GemmTile {
+  typedef half T;
+  typedef half S;
+};
+template <>
+struct GemmTile<true> {
+  typedef bfloat T;
+  typedef float S;
+};
+
+// Two decoded E2M1 values (exact halves) times the block scale, as tile elements: one half2
+// multiply (NVFP4), or fp32 then an exact bfloat conversion (MXFP4).
+inline half2 scaled_pair(half2 v, half s) { return v * s; }
+inline vec<bfloat, 2> scaled_pair(half2 v, float s) {
+  vec<bfloat, 2> r;
+  r.x = bfloat(float(v.x) * s);
+  r.y = bfloat(float(v.y) * s);
+  return r;
+}
+inline half scaled_one(half v, half s) { return v * s; }
+inline bfloat scaled_one(half v, float s) { return bfloat(float(v) * s); }
+
+// Four tile elements as one aligned 4-element store.
+template <typename TT>
+inline void store4(threadgroup TT* dst, TT a, TT b, TT c, TT d) {
+  vec<TT, 4> t;
+  t.x = a;
+  t.y = b;
+  t.z = c;
+  t.w = d;
+  *((threadgroup vec<TT, 4>*)dst) = t;
+}
+
 // Decodes one 16-column scale block of weight row n, columns [kb, kb + 16), times scale s, into
-// 16 halfs at dst. Every product of an E2M1 value and an E4M3 scale is exact in half (at most 6
-// significant bits, magnitude in [2^-10, 2688]), so the tile holds the exact weights. The codes
-// are bit-built halves (fp4_format.h), two per 32-bit op; times 2^14 (exact: normal halves of
-// the E2M1 values) and times s (exact), two weights per half2 multiply.
+// 16 tile elements at dst (the exact weights, see GemmTile). The codes are bit-built halves
+// (fp4_format.h), two per 32-bit op; times 2^14 (exact: normal halves of the E2M1 values) and
+// times s (exact), two weights per multiply.
 // CHECKED = false: the block lies inside the matrix and the 8 packed bytes are one aligned word.
 // CHECKED = true: byte loads; entries with n >= N or k >= K are zero and read nothing.
-template <bool CHECKED>
+template <bool CHECKED, typename TT, typename ST>
 inline void decode_block16(
-    threadgroup half* dst,
+    threadgroup TT* dst,
     device const uchar* w,
     constant W4A16MetalParams& p,
     int n,
     int kb,
-    half s) {
+    ST s) {
   if (!CHECKED) {
     const uint2 q = *((device const uint2*)(w + long(n) * p.w_row_bytes + kb / 2));
     const half2 unscale = half2(half(kE2M1HalfUnscale));
-    const half2 s2 = half2(s);
     for (int wd = 0; wd < 2; ++wd) {
       const uint word = wd == 0 ? q.x : q.y;
-      half2 h[4];
+      vec<TT, 2> h[4];
       for (int j = 0; j < 4; ++j) {
-        h[j] = as_type<half2>(e2m1_pair_half_bits(word, j)) * unscale * s2;
+        h[j] = scaled_pair(as_type<half2>(e2m1_pair_half_bits(word, j)) * unscale, s);
       }
       // pair j holds codes j (low half) and j + 4 (high half) of the word
-      *((threadgroup half4*)(dst + 8 * wd)) = half4(h[0].x, h[1].x, h[2].x, h[3].x);
-      *((threadgroup half4*)(dst + 8 * wd + 4)) = half4(h[0].y, h[1].y, h[2].y, h[3].y);
+      store4(dst + 8 * wd, h[0].x, h[1].x, h[2].x, h[3].x);
+      store4(dst + 8 * wd + 4, h[0].y, h[1].y, h[2].y, h[3].y);
     }
   } else {
     const bool row_ok = n < p.n;
     device const uchar* wrow = w + long(row_ok ? n : 0) * p.w_row_bytes;
     for (int g = 0; g < 4; ++g) {
-      half4 v;
+      TT v[4];
       for (int e = 0; e < 4; ++e) {
         const int k = kb + 4 * g + e;
-        half val = half(0.0f);
+        v[e] = TT(0.0f);
         if (row_ok && k < p.k) {
           const uint byte = wrow[k / 2];
-          val = e2m1_f16(byte >> (uint(k % 2) * 4u)) * s;
+          v[e] = scaled_one(e2m1_f16(byte >> (uint(k % 2) * 4u)), s);
         }
-        v[e] = val;
       }
-      *((threadgroup half4*)(dst + 4 * g)) = v;
+      store4(dst + 4 * g, v[0], v[1], v[2], v[3]);
     }
   }
 }
@@ -88,11 +124,7 @@ inline half load_scale(device const uchar* scales, constant W4A16MetalParams& p,
   return block_scale_f16(scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);
 }
 
-// MXFP4: an E8M0 scale (2^-127 .. 2^127) times an E2M1 value does not fit a half, so the tile
-// holds the bare E2M1 values (decode scale 1) and the MMA multiplies each B element by its
-// row's block scale in fp32, from the strip's scale rows sx ([BN][BK / 32] floats). Exact while
-// the weight itself is an fp32 (scale codes <= 252: 6 * 2^125; above, |w| >= 2^128 is Inf).
-// The scale of weight row n, block kb / 32, as fp32; 0 when the block lies outside.
+// MXFP4: the scale of weight row n, block kb / 32, as fp32; 0 when the block lies outside.
 inline float load_scale_mx(
     device const uchar* scales, constant W4A16MetalParams& p, int n, int kb) {
   if (n >= p.n || kb >= p.k) {
@@ -105,13 +137,12 @@ inline float load_scale_mx(
 FP4_CONST int kMxDecodeThreads = kMxfp4BlockSize / kMetalDecodeCols;
 
 // Per-thread scale load + decode of one strip's block (the unstaged path, tiles crossing N, the K
-// tail): decode thread (dn, dblk) of the strip at column k0 decodes into the tile bsb. NVFP4: its
-// own E4M3 scale, folded into the tile. MXFP4: scale 1; the block's first decode thread stores
-// the E8M0 scale into the scale rows sxb. FAST: the unchecked decode (whole tile inside N and K).
+// tail): decode thread (dn, dblk) of the strip at column k0 loads its block's scale (E4M3 per 16
+// or E8M0 per 32 columns) and decodes into the tile bsb. FAST: the unchecked decode (whole tile
+// inside N and K).
 template <int BK, bool FAST, bool MX>
 inline void decode_own_scale(
-    threadgroup half* bsb,
-    threadgroup float* sxb,
+    threadgroup typename GemmTile<MX>::T* bsb,
     device const uchar* w,
     device const uchar* scales,
     constant W4A16MetalParams& p,
@@ -119,29 +150,19 @@ inline void decode_own_scale(
     int dn,
     int dblk,
     int k0) {
+  typedef typename GemmTile<MX>::S ST;
   const int kb = k0 + dblk * kMetalDecodeCols;
-  threadgroup half* dst = bsb + dn * (BK + kMetalBPad) + dblk * kMetalDecodeCols;
-  half sc = half(1.0f);
-  if (MX) {
-    if (dblk % kMxDecodeThreads == 0) {
-      sxb[dn * (BK / kMxfp4BlockSize) + dblk / kMxDecodeThreads] =
-          load_scale_mx(scales, p, n0 + dn, kb);
-    }
-  } else {
-    sc = load_scale(scales, p, n0 + dn, kb);
-  }
-  decode_block16<!FAST>(dst, w, p, n0 + dn, kb, sc);
+  const ST sc = MX ? ST(load_scale_mx(scales, p, n0 + dn, kb)) : ST(load_scale(scales, p, n0 + dn, kb));
+  decode_block16<!FAST>(bsb + dn * (BK + kMetalBPad) + dblk * kMetalDecodeCols, w, p, n0 + dn, kb, sc);
 }
 
 // Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
-// B comes from the decoded threadgroup tile bs ([BN][BK + pad] halfs), A from device memory.
+// B comes from the decoded threadgroup tile bs ([BN][BK + pad] of TT), A from device memory.
 // KMASK: the strip crosses K; A columns >= K read as zero and touch no memory past K.
-// MX: B elements times their MXFP4 block scale from sx (see load_scale_mx).
-template <typename XT, int BK, bool KMASK, bool MX>
+template <typename XT, int BK, bool KMASK, typename TT>
 inline void mma_strip(
     thread simdgroup_float8x8* acc,
-    threadgroup const half* bs,
-    threadgroup const float* sx,
+    threadgroup const TT* bs,
     device const XT* x,
     ARows a,
     int k0,
@@ -180,16 +201,8 @@ inline void mma_strip(
     for (int j = 0; j < kMetalSgFrags; ++j) {
       // B fragment element (row k, col n) = W[n][k]: lane holds (fm, fn) and (fm, fn + 1).
       const int nl = sg_n * kMetalSgTile + j * kMetalFrag + fn;
-      float b0 = float(bs[nl * ld + kk + fm]);
-      float b1 = float(bs[(nl + 1) * ld + kk + fm]);
-      if (MX) {
-        // both elements lie in block kk / 32 (a fragment's 8 k never cross a block)
-        constexpr int kMxBlocks = BK / kMxfp4BlockSize;
-        b0 *= sx[nl * kMxBlocks + kk / kMxfp4BlockSize];
-        b1 *= sx[(nl + 1) * kMxBlocks + kk / kMxfp4BlockSize];
-      }
-      bf[j].thread_elements()[0] = b0;
-      bf[j].thread_elements()[1] = b1;
+      bf[j].thread_elements()[0] = float(bs[nl * ld + kk + fm]);
+      bf[j].thread_elements()[1] = float(bs[(nl + 1) * ld + kk + fm]);
     }
     for (int i = 0; i < kMetalSgFrags; ++i) {
       for (int j = 0; j < kMetalSgFrags; ++j) {
@@ -217,11 +230,10 @@ struct ScaleWord<4> {
 };
 
 // One strip's MMAs, the K-tail mask chosen by `full` (the strip lies inside K).
-template <typename XT, int BK, bool MX>
+template <typename XT, int BK, typename TT>
 inline void mma_strip_at(
     thread simdgroup_float8x8* acc,
-    threadgroup const half* bs,
-    threadgroup const float* sx,
+    threadgroup const TT* bs,
     device const XT* x,
     ARows a,
     int k0,
@@ -232,9 +244,9 @@ inline void mma_strip_at(
     short fn,
     int sg_n) {
   if (full) {
-    mma_strip<XT, BK, false, MX>(acc, bs, sx, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+    mma_strip<XT, BK, false, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
   } else {
-    mma_strip<XT, BK, true, MX>(acc, bs, sx, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+    mma_strip<XT, BK, true, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
   }
 }
 
@@ -245,10 +257,10 @@ inline void mma_strip_at(
 // loads its own scale byte. STAGE = true: 64 threads first load the strip's scales, one word of
 // BK / 16 bytes per weight row, into threadgroup memory; one B buffer, three barriers per strip
 // (the seed's measured M5 layout). Tiles crossing N, the K tail and unaligned scale rows use the
-// per-thread loads. MXFP4 (fc_gemm_mxfp4): the same plan; a strip holds BK / 32 E8M0 blocks, two
-// decode threads per block, and the scales go to the MMA (sx) instead of into the tile.
-// The kernel (below) declares the threadgroup memory: bs4 (the B tiles), ss (staged NVFP4
-// scales), sx (MXFP4 scales, [buffers][BN][BK / 32]).
+// per-thread loads. MXFP4 (fc_gemm_mxfp4): the same plan; a strip holds BK / 32 E8M0 blocks (two
+// decode threads per block), the tile is bfloat and staged scales are fp32 (GemmTile).
+// The kernel (below) declares the threadgroup memory: bs4 (the B tiles) and ss (staged scales:
+// BN x BK / 16 halfs or BN x BK / 32 floats, the same bytes).
 template <typename XT, typename OutT, int BM, int BK, bool STAGE, bool MX>
 inline void w4a16_gemm_tile(
     device const XT* x,
@@ -263,8 +275,7 @@ inline void w4a16_gemm_tile(
     device const uchar* op3,
     device float* partials,
     threadgroup half4* bs4,
-    threadgroup half* ss,
-    threadgroup float* sx,
+    threadgroup half* ss_nv,
     uint tg_index,
     uint tid,
     uint sgid,
@@ -277,6 +288,10 @@ inline void w4a16_gemm_tile(
   static_assert(kTpr * kMetalDecodeCols == BK, "one thread decodes one scale block per strip");
   static_assert(kTpr == kBlocks, "a decode thread owns one scale block of the strip");
   static_assert(kMxBlocks * kMxfp4BlockSize == BK, "a strip holds whole MXFP4 blocks");
+  static_assert(kBlocks * sizeof(half) == kMxBlocks * sizeof(float), "ss holds either mode's scales");
+  typedef typename GemmTile<MX>::T TT;
+  typedef typename GemmTile<MX>::S ST;
+  threadgroup ST* ss = (threadgroup ST*)ss_nv;  // staged scales of this mode
 
   // Split-K: the high bits of the index pick the K partition, the low ones the Morton tile.
   const uint log2_tiles = uint(p.log2_grid_m + p.log2_grid_n);
@@ -286,7 +301,7 @@ inline void w4a16_gemm_tile(
   if (int(tile.m) >= p.tiles_m || int(tile.n) >= p.tiles_n) {
     return;  // the whole threadgroup leaves, before any barrier
   }
-  threadgroup half* bs = (threadgroup half*)bs4;
+  threadgroup TT* bs = (threadgroup TT*)bs4;
   const int m0 = int(tile.m) * BM;
   const int n0 = int(tile.n) * kMetalBN;
   const int sg_m = int(sgid) / kMetalSgN;
@@ -331,52 +346,47 @@ inline void w4a16_gemm_tile(
             const MxScaleWordT word = *((device const MxScaleWordT*)(srow + s * kMxBlocks));
             for (int b = 0; b < kMxBlocks; ++b) {
               const uint code = (uint(word) >> (8u * uint(b))) & 0xFFu;
-              sx[tid * kMxBlocks + b] = scale_to_float(kModeMxfp4, code);
+              ss[tid * kMxBlocks + b] = ST(scale_to_float(kModeMxfp4, code));
             }
           } else {
             const ScaleWordT word = *((device const ScaleWordT*)(srow + s * kBlocks));
             for (int b = 0; b < kBlocks; ++b) {
-              ss[tid * kBlocks + b] = block_scale_f16((uint(word) >> (8u * uint(b))) & 0xFFu);
+              ss[tid * kBlocks + b] = ST(block_scale_f16((uint(word) >> (8u * uint(b))) & 0xFFu));
             }
           }
         }
-        if (!MX) {
-          // the decode reads ss (MXFP4's sx is read by the MMA, after the next barrier)
-          threadgroup_barrier(mem_flags::mem_threadgroup);
-        }
-        const half sc = MX ? half(1.0f) : ss[dn * kBlocks + dblk];
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        // this decode thread's block: dblk (NVFP4), dblk / 2 (MXFP4)
+        const ST sc = MX ? ss[dn * kMxBlocks + dblk / kMxDecodeThreads] : ss[dn * kBlocks + dblk];
         decode_block16<false>(bs + dn * kLd + dblk * kMetalDecodeCols, w, p, n0 + dn,
                               k0 + dblk * kMetalDecodeCols, sc);
       } else {
-        decode_own_scale<BK, false, MX>(bs, sx, w, scales, p, n0, dn, dblk, k0);
+        decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, k0);
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      mma_strip_at<XT, BK, MX>(acc, bs, sx, x, a, k0, p.k, s < full_strips, x_vec, fm, fn, sg_n);
+      mma_strip_at<XT, BK, TT>(acc, bs, x, a, k0, p.k, s < full_strips, x_vec, fm, fn, sg_n);
       threadgroup_barrier(mem_flags::mem_threadgroup);
     }
   } else {
     // Prologue: strip s_begin into buffer 0. Then each step decodes strip s + 1 into the other
     // buffer while the simdgroups multiply strip s; one barrier separates the steps.
     if (w_fast && s_begin < full_strips) {
-      decode_own_scale<BK, true, MX>(bs, sx, w, scales, p, n0, dn, dblk, s_begin * BK);
+      decode_own_scale<BK, true, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);
     } else {
-      decode_own_scale<BK, false, MX>(bs, sx, w, scales, p, n0, dn, dblk, s_begin * BK);
+      decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int s = s_begin; s < s_end; ++s) {
       if (s + 1 < s_end) {
-        const int nb = (s + 1 - s_begin) % 2;
-        threadgroup half* bsn = bs + nb * kMetalBN * kLd;
-        threadgroup float* sxn = sx + nb * kMetalBN * kMxBlocks;
+        threadgroup TT* bsn = bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd;
         if (w_fast && s + 1 < full_strips) {
-          decode_own_scale<BK, true, MX>(bsn, sxn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
+          decode_own_scale<BK, true, MX>(bsn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
         } else {
-          decode_own_scale<BK, false, MX>(bsn, sxn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
+          decode_own_scale<BK, false, MX>(bsn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
         }
       }
-      const int cb = (s - s_begin) % 2;
-      mma_strip_at<XT, BK, MX>(acc, bs + cb * kMetalBN * kLd, sx + cb * kMetalBN * kMxBlocks, x,
-                               a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);
+      threadgroup const TT* src = bs + ((s - s_begin) % 2) * kMetalBN * kLd;
+      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);
       threadgroup_barrier(mem_flags::mem_threadgroup);
     }
   }
@@ -444,19 +454,18 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     uint sgid [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
   constexpr int kNumBuf = STAGE ? 1 : 2;
-  // half4 elements so that the half4 stores of the decode are aligned. sx is unused (and
-  // dead after specialization) in NVFP4 pipelines.
+  // 8-byte elements so that the 4-element stores of the decode are aligned (the tile holds half
+  // or bfloat, GemmTile); ss: BN x BK / 16 halfs = BN x BK / 32 floats.
   threadgroup half4 bs4[kNumBuf * kMetalBN * (BK + kMetalBPad) / 4];
   threadgroup half ss[STAGE ? kMetalBN * (BK / kBlockSize) : 1];
-  threadgroup float sx[kNumBuf * kMetalBN * (BK / kMxfp4BlockSize)];
   if (fc_gemm_mxfp4) {  // resolved at pipeline creation
     w4a16_gemm_tile<XT, OutT, BM, BK, STAGE, true>(
-        x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, sx, tg_index, tid,
-        sgid, lane);
+        x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, tg_index, tid, sgid,
+        lane);
   } else {
     w4a16_gemm_tile<XT, OutT, BM, BK, STAGE, false>(
-        x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, sx, tg_index, tid,
-        sgid, lane);
+        x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, tg_index, tid, sgid,
+        lane);
   }
 }
 

@@ -29,28 +29,26 @@ SIM = Path(__file__).resolve().parent
 MUTATIONS = {
     "gemm_loop_barrier": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s0_xbf16_of32",
-        "                               a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
+        "      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
         "      threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "                               a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
+        "      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
         "      // planted: barrier removed\n",
     ),
     "gemm_prologue_barrier": (
         "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_of32",
-        "      decode_own_scale<BK, false, MX>(bs, sx, w, scales, p, n0, dn, dblk, s_begin * BK);\n"
+        "      decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);\n"
         "    }\n"
         "    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "      decode_own_scale<BK, false, MX>(bs, sx, w, scales, p, n0, dn, dblk, s_begin * BK);\n"
+        "      decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);\n"
         "    }\n"
         "    // planted: barrier removed\n",
     ),
     "gemm_staged_scale_barrier": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",
-        "          threadgroup_barrier(mem_flags::mem_threadgroup);\n"
-        "        }\n"
-        "        const half sc = MX ? half(1.0f) : ss[dn * kBlocks + dblk];\n",
-        "          // planted: barrier removed\n"
-        "        }\n"
-        "        const half sc = MX ? half(1.0f) : ss[dn * kBlocks + dblk];\n",
+        "        threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+        "        // this decode thread's block: dblk (NVFP4), dblk / 2 (MXFP4)\n",
+        "        // planted: barrier removed\n"
+        "        // this decode thread's block: dblk (NVFP4), dblk / 2 (MXFP4)\n",
     ),
     # MXFP4: the 16-value block assumptions the mode must not inherit.
     "gemm_mx_scale_per_16": (
@@ -59,10 +57,10 @@ MUTATIONS = {
         "  return scale_to_float(kModeMxfp4, scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);"
         "  // planted\n",
     ),
-    "gemm_mx_mma_block0": (
-        "mlx_fp4_w4a16_gemm_bm128_bk64_s0_xbf16_of32",
-        "        b0 *= sx[nl * kMxBlocks + kk / kMxfp4BlockSize];\n",
-        "        b0 *= sx[nl * kMxBlocks];  // planted: block 0's scale for the whole strip\n",
+    "gemm_mx_staged_block": (
+        "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",
+        "ss[dn * kMxBlocks + dblk / kMxDecodeThreads]",
+        "ss[dn * kMxBlocks + dblk]  /* planted: one scale per 16 columns */",
     ),
     "gemm_mx_staged_word": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",
@@ -128,7 +126,8 @@ def force_of(kernel):
      ("gemm_loop_barrier", 150, 130, 200, "end", "mxfp4"),
      ("gemm_prologue_barrier", 70, 65, 100, "end", "nvfp4"),
      ("gemm_prologue_barrier", 70, 65, 100, "end", "mxfp4"),
-     ("gemm_staged_scale_barrier", 150, 128, 256, "aligned", "nvfp4")])
+     ("gemm_staged_scale_barrier", 150, 128, 256, "aligned", "nvfp4"),
+     ("gemm_staged_scale_barrier", 150, 128, 256, "aligned", "mxfp4")])
 def test_missing_barrier_in_production_kernel_is_caught(mutants, tmp_path, name, m, n, k, guard,
                                                         mode, schedule):
     kernel = MUTATIONS[name][0]
@@ -140,7 +139,7 @@ def test_missing_barrier_in_production_kernel_is_caught(mutants, tmp_path, name,
 @pytest.mark.parametrize(
     "name,m,n,k,guard",
     [("gemm_mx_scale_per_16", 70, 65, 200, "end"),
-     ("gemm_mx_mma_block0", 150, 130, 200, "end"),
+     ("gemm_mx_staged_block", 150, 128, 256, "aligned"),
      ("gemm_mx_staged_word", 150, 128, 256, "aligned")])
 def test_mxfp4_block_mixups_are_caught(mutants, tmp_path, name, m, n, k, guard):
     """A 16-column (NVFP4) block assumption left in an MXFP4 path gives wrong outputs (or a
