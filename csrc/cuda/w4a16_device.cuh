@@ -61,6 +61,37 @@ __device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t r
   return v;
 }
 
+// Product blockIdx.z of a batched launch (W4A16Args::batch_rhs): pointers moved to its expert,
+// x matrix, output rows and operand rows (Row/Full operands are indexed by the output row).
+// `live` is false for an out-of-range pair: only `out` is moved then (batch_fill_nan).
+__device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) {
+  W4A16Args b = a;
+  const int64_t z = blockIdx.z, M = a.p.m, N = a.p.n;
+  const uint32_t e = a.batch_rhs[z], l = a.batch_lhs[z];
+  live = e < a.batch_experts && l < a.batch_x_matrices;
+  const int out_size = fp4::dtype_bytes(a.p.out_dtype);
+  b.out = static_cast<uint8_t*>(a.out) + z * M * N * out_size;
+  if (!live) return b;
+  b.w = a.w + e * a.w_batch_bytes;
+  b.scales = a.scales + e * a.scale_batch_bytes;
+  b.x = static_cast<const uint8_t*>(a.x) + int64_t(l) * M * a.p.k * fp4::dtype_bytes(a.p.x_dtype);
+  if (a.p.has_global_scale && a.multiplier_per_expert) b.global_scale = a.global_scale + e;
+  for (int i = 0; i < a.p.num_operands; ++i) {
+    const int kind = a.p.operand_kind[i];
+    const int64_t rows_first = kind == fp4::kOperandRow ? z * M : kind == fp4::kOperandFull ? z * M * N : 0;
+    b.operands[i] = static_cast<const uint8_t*>(a.operands[i]) + rows_first * fp4::dtype_bytes(a.p.operand_dtype[i]);
+  }
+  return b;
+}
+
+// NaN rows for an out-of-range pair: the first block of its grid writes them.
+__device__ __forceinline__ void batch_fill_nan(const W4A16Args& b) {
+  if (blockIdx.x != 0 || blockIdx.y != 0) return;
+  for (int64_t i = threadIdx.x; i < b.p.m * b.p.n; i += blockDim.x) {
+    store_from_float(b.out, b.p.out_dtype, i, __int_as_float(0x7FC00000));
+  }
+}
+
 __device__ __forceinline__ float global_scale_of(const W4A16Args& a) {
   return a.p.has_global_scale ? *a.global_scale : 1.0f;
 }

@@ -24,6 +24,14 @@ struct W4A16Args {
   const void* operands[fp4::kMaxEpilogueOperands];
   void* out;                     // [M, N] in p.out_dtype
   fp4::W4A16Problem p;
+  // Grid z as a batch of products (the gathered op's decode, tc_batched_launch): product z reads
+  // expert batch_rhs[z] of w/scales (and its multiplier when per expert) and x matrix
+  // batch_lhs[z], and writes out rows [z * m, z * m + m); out-of-range indices give NaN rows.
+  // Null batch_rhs: one product.
+  const uint32_t* batch_lhs;
+  const uint32_t* batch_rhs;
+  int64_t batch_x_matrices, batch_experts, w_batch_bytes, scale_batch_bytes;
+  int multiplier_per_expert;
 };
 
 // The dequantize + dense GEMM path writes fp32 products here first when it cannot write `out`
@@ -60,6 +68,15 @@ struct Launch {
   unsigned smem = 0;
   dim3 cluster{1, 1, 1};  // blocks per cluster (the wgmma kernel's split K); 1 = no cluster
 };
+
+// The device's SM count and architecture, read once per device; the first call also loads every
+// kernel (preload_kernels). Defined by the MLX glue (w4a16_matmul.cpp).
+DeviceInfo device_info(int device);
+
+// The staged tensor-core kernel over grid z = `products` (W4A16Args::batch_*), with the tile the
+// plan picks for one product of `p`; func null when the plan would not take the staged kernel
+// with one x tile for it (the caller then takes another kernel). `vec`: staged_loads_ok.
+Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products);
 
 // The wgmma kernel (sm_90a) reads x permuted per 256-wide K stage into a buffer of ours
 // ([M, wgmma_padded_k(K)], x's dtype, zero past K) by TMA, next to the weights and scales.

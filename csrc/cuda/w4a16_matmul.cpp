@@ -52,25 +52,6 @@ mx::Dtype dtype_of_code(int code) {
   return code == fp4::kDtypeF32 ? mx::float32 : code == fp4::kDtypeF16 ? mx::float16 : mx::bfloat16;
 }
 
-cuda::DeviceInfo device_info(int device) {
-  static std::mutex mu;
-  static cuda::DeviceInfo cache[64];
-  static bool have[64] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0 || device >= 64) return {};
-  if (!have[device]) {
-    cuda::DeviceInfo d;
-    check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
-    d.wgmma = cuda::wgmma_built() && d.cc_major == 9 && d.cc_minor == 0;
-    cuda::preload_kernels();
-    cache[device] = d;
-    have[device] = true;
-  }
-  return cache[device];
-}
-
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;
@@ -107,6 +88,29 @@ mx::array rows_of_x(const mx::array& x, cu::CommandEncoder& enc) {
 
 }  // namespace
 
+namespace cuda {
+
+DeviceInfo device_info(int device) {
+  static std::mutex mu;
+  static DeviceInfo cache[64];
+  static bool have[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 || device >= 64) return {};
+  if (!have[device]) {
+    DeviceInfo d;
+    check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+    d.wgmma = wgmma_built() && d.cc_major == 9 && d.cc_minor == 0;
+    preload_kernels();
+    cache[device] = d;
+    have[device] = true;
+  }
+  return cache[device];
+}
+
+}  // namespace cuda
+
 void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   auto& enc = cu::get_command_encoder(stream());
@@ -136,7 +140,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   static const char* staged_env = env_or_null("MLX_FP4_CUDA_STAGED");
   const bool staged = !(staged_env && !std::strcmp(staged_env, "0")) && cuda::staged_loads_ok(p, a.x, a.w, a.scales);
   static const char* wgmma_env = env_or_null("MLX_FP4_CUDA_WGMMA");
-  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, staged, path_env, tc_env,
+  const cuda::Plan plan = cuda::plan_w4a16(p, cuda::device_info(device), vec, staged, path_env, tc_env,
                                            cuda::wgmma_loads_ok(p, a.w, a.scales), wgmma_env);
 
   if (plan.path == Path::kWgmma) {

@@ -84,6 +84,16 @@ CUfunction staged_func_sub(int mt, int rt) {
   }
 }
 
+// The batched staged kernels (tc_batched_launch): one x tile (mt = 1), the decode case.
+template <typename T>
+CUfunction batched_staged_func(int rt, int sub) {
+  if (sub == kStagedSubSteps) {
+    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, true>)
+                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, true>);
+  }
+  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, true>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, true>);
+}
+
 template <typename T>
 CUfunction staged_func_t(int mt, int rt, int sub) {
   return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps>(mt, rt) : staged_func_sub<T, 1>(mt, rt);
@@ -129,6 +139,18 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
   l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub)) : 0;
+  return l;
+}
+
+Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products) {
+  Launch l;
+  const Plan plan = plan_w4a16(p, dev, vec, vec, nullptr, nullptr);
+  if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return l;
+  l = tc_launch(p, plan.tc, vec, true);
+  const int sub = staged_sub_steps(p.k);
+  l.func = p.x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half>(plan.tc.rt, sub)
+                                       : batched_staged_func<__nv_bfloat16>(plan.tc.rt, sub);
+  l.grid.z = static_cast<unsigned>(products);
   return l;
 }
 
@@ -300,6 +322,14 @@ void preload_kernels() {
                 const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(l.smem));
                 if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                if (mt != 1) continue;
+                const int sub = staged_sub_steps(k);
+                const CUfunction b = dt == fp4::kDtypeF16 ? batched_staged_func<__half>(rt, sub)
+                                                          : batched_staged_func<__nv_bfloat16>(rt, sub);
+                if (cuFuncSetAttribute(b, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(l.smem)) !=
+                    CUDA_SUCCESS) {
+                  throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                }
               }
               p.k = 1;
             }

@@ -49,9 +49,18 @@ __device__ __forceinline__ int staged_swizzle(int row) {
   return SUB == 2 ? (row & 1) << 2 : 0;  // chunk index ^ 4 on odd rows: the other half of 128 bytes
 }
 
-template <typename T, int MT, int RT, int SUB>
-__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args a) {
+// kBatched: grid z is a batch of products (W4A16Args::batch_*, the gathered op's decode).
+template <typename T, int MT, int RT, int SUB, bool kBatched = false>
+__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args args) {
   extern __shared__ __align__(16) uint8_t ring[];
+  W4A16Args view;  // this block's product when batched (unused otherwise)
+  bool live = true;
+  if constexpr (kBatched) view = batch_view(args, live);
+  const W4A16Args& a = kBatched ? view : args;
+  if (!live) {  // uniform per block, before any barrier
+    batch_fill_nan(a);
+    return;
+  }
   constexpr int kRows = kMmaRows * RT;               // weight rows of the warp
   constexpr int kRowBytes = staged_row_bytes(SUB);
   constexpr int kScaleBytes = staged_scale_bytes(SUB);
