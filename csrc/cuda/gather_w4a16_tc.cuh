@@ -15,7 +15,7 @@ using fp4::cuda_tiling::kMmaRows;
 using fp4::cuda_tiling::kStepK;
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherArgs a) {
+__global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_kernel(const GatherArgs a) {
   constexpr int MT = kTcColTiles;
   constexpr int RT = kTcRowTiles;
   const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs);
