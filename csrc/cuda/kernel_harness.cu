@@ -4,7 +4,7 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
+// Usage: kernel_harness [check] [bench] [profile] [graph-probe] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
 // exit code 1 on a failure. The wgmma kernel's checks and bench: kernel_harness_wgmma.h.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -440,7 +440,9 @@ void run_checks(bool quick) {
 
 int main(int argc, char** argv) {
   bool check = false, bench = false, quick = false, profile = false, small = false, mid = false, wgmma = false;
+  bool graph_probe = false;  // kernel_harness_wgmma.h: run_wgmma_graph_probe (info, run last)
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "graph-probe")) graph_probe = true;
     if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
     if (!std::strcmp(argv[i], "bench")) bench = true;
@@ -449,7 +451,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--mid")) mid = true;      // bench: M = 32..256, staged kernel vs dequant
     if (!std::strcmp(argv[i], "--wgmma")) wgmma = true;  // wgmma only: its checks; bench M = 32..1024 vs the rest
   }
-  if (!check && !bench && !profile) check = bench = true;
+  if (!check && !bench && !profile && !graph_probe) check = bench = true;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log even when a run is cut short
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
@@ -471,6 +473,7 @@ int main(int argc, char** argv) {
   if (check && g_dev.wgmma) run_wgmma_checks();
   if (bench && wgmma && g_dev.wgmma) run_wgmma_bench();
   if (bench && !wgmma) run_bench(quick, small, mid);
+  if (graph_probe && g_dev.wgmma) run_wgmma_graph_probe();
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;
 }

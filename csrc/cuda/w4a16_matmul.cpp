@@ -89,7 +89,8 @@ void add_node(cu::CommandEncoder& enc, const Launch& l, Args& args) {
 // MLX's divide for the global scale + our tensor-core kernel, updated onto a cached permute +
 // split wgmma graph, produced garbage (the 12 failed forced-wgmma tests of docs/cuda.md). So a
 // cluster launch goes in as a child graph under a key of its own naming the cluster shape: updates
-// then only happen between nodes of one cluster shape.
+// then only happen between nodes of one cluster shape. (MLX's own kernel nodes never carry a
+// cluster shape; its clustered kernels come as captured child graphs, keyed the same way.)
 void add_wgmma_node(cu::CommandEncoder& enc, const Launch& l, cuda::WgmmaArgs& args) {
   if (l.cluster.x * l.cluster.y * l.cluster.z <= 1) {
     add_node(enc, l, args);  // no cluster: an ordinary kernel node
