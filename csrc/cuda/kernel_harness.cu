@@ -4,7 +4,7 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
+// Usage: kernel_harness [check] [bench] [profile] [graph-probe] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
 // exit code 1 on a failure. The wgmma kernel's checks and bench: kernel_harness_wgmma.h.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -171,7 +172,8 @@ struct Case {
   int x_dtype, out_dtype;
   bool gs;
   int epi;  // 0 none, 1 bias+silu, 2 residual add + mul row + clamp, 3 gelu + scale
-  int64_t w_pad = 0;  // extra bytes per weight row
+  int64_t w_pad = 0;  // extra bytes per weight row (random: nibbles past K are garbage)
+  int64_t s_pad = 0;  // extra bytes per scale row (E4M3 NaN codes: a kernel must never read them)
 };
 
 void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt19937& rng) {
@@ -180,7 +182,7 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   p.n = c.n;
   p.k = c.k;
   p.w_row_bytes = (c.k + 1) / 2 + c.w_pad;
-  p.scale_row_bytes = (c.k + 15) / 16;
+  p.scale_row_bytes = (c.k + 15) / 16 + c.s_pad;
   p.x_dtype = c.x_dtype;
   p.out_dtype = c.out_dtype;
   p.has_global_scale = c.gs ? 1 : 0;
@@ -196,6 +198,9 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
     if (byte(rng) < 16) code |= 0x80;
     s = uint8_t(code);
   }
+  constexpr uint8_t kE4m3Nan = 0x7F;
+  for (int64_t n = 0; n < p.n; ++n)
+    for (int64_t b = (c.k + 15) / 16; b < p.scale_row_bytes; ++b) sc[n * p.scale_row_bytes + b] = kE4m3Nan;
   const size_t xs = dtype_size(c.x_dtype), os = dtype_size(c.out_dtype);
   std::vector<uint8_t> x(p.m * p.k * xs);
   for (int64_t i = 0; i < p.m * p.k; ++i) host_store(x, c.x_dtype, i, nd(rng));
@@ -309,9 +314,9 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   if (!ok) ++g_failures;
   const bool staged = path == Path::kTensorCore && g_staged && staged_loads_ok(p, a.x, a.w, a.scales);
   const WgmmaConfig wg = g_wg ? *g_wg : plan.wg;
-  std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld,tc=%d/%d/%d,wg=%d/%d,worst=%.3g,%s",
+  std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld/%lld,tc=%d/%d/%d,wg=%d/%d,worst=%.3g,%s",
               staged ? "tc-staged" : path_name(path), ok ? "ok" : "FAIL", dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
-              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, cfg.mt, cfg.rt, cfg.kw,
+              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, (long long)c.s_pad, cfg.mt, cfg.rt, cfg.kw,
               path == Path::kWgmma ? wg.tile_m : 0, path == Path::kWgmma ? wg.splits : 0, worst, ok ? "\n" : "");
   if (!ok) {
     std::printf(" at m=%lld n=%lld y=%.8g ref=%.8g\n", (long long)(worst_i / p.n), (long long)(worst_i % p.n),
@@ -435,7 +440,9 @@ void run_checks(bool quick) {
 
 int main(int argc, char** argv) {
   bool check = false, bench = false, quick = false, profile = false, small = false, mid = false, wgmma = false;
+  bool graph_probe = false;  // kernel_harness_wgmma.h: run_wgmma_graph_probe (info, run last)
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "graph-probe")) graph_probe = true;
     if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
     if (!std::strcmp(argv[i], "bench")) bench = true;
@@ -444,7 +451,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--mid")) mid = true;      // bench: M = 32..256, staged kernel vs dequant
     if (!std::strcmp(argv[i], "--wgmma")) wgmma = true;  // wgmma only: its checks; bench M = 32..1024 vs the rest
   }
-  if (!check && !bench && !profile) check = bench = true;
+  if (!check && !bench && !profile && !graph_probe) check = bench = true;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log even when a run is cut short
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
@@ -466,6 +473,7 @@ int main(int argc, char** argv) {
   if (check && g_dev.wgmma) run_wgmma_checks();
   if (bench && wgmma && g_dev.wgmma) run_wgmma_bench();
   if (bench && !wgmma) run_bench(quick, small, mid);
+  if (graph_probe && g_dev.wgmma) run_wgmma_graph_probe();
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -89,6 +89,7 @@ struct WgmmaArgs {
   CUtensorMap x_map, w_map, s_map;  // built by wgmma_prepare
   W4A16Args a;
   int64_t k_stages;  // kp / kWgmmaStageK
+  int splits;        // blocks per cluster along x splitting K (WgmmaConfig::splits)
 };
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
@@ -102,6 +103,13 @@ int64_t wgmma_padded_k(int64_t k);
 Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype);
 void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg);
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg);
+// A graph of the one kernel launch `l` with its cluster shape as a node attribute, for MLX's
+// CommandEncoder::add_graph_node: a kernel node added directly keys MLX's graph cache as "K"
+// whatever its cluster shape, and cudaGraphExecUpdate onto such a cached graph keeps the stale
+// cluster shape (a later non-cluster kernel then never ran correctly). The caller destroys it.
+cudaGraph_t cluster_kernel_graph(const Launch& l, void** params);
+// The kernel node parameters of launch `l` (no cluster shape: a node attribute).
+CUDA_KERNEL_NODE_PARAMS kernel_node_params(const Launch& l, void** params);
 // True when this build holds the sm_90a wgmma kernel (MLX_FP4_WGMMA_BUILT); DeviceInfo::wgmma is
 // this and compute capability 9.0.
 bool wgmma_built();

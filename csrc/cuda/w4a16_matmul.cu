@@ -6,7 +6,7 @@
 //  - w4a16_tc.cuh:        tensor cores, register prefetch (any K, M <= 32);
 //  - w4a16_simt.cuh:      fp32 FMA for float32 x;
 //  - w4a16_dequant.cuh:   exact decode of W for the cuBLASLt GEMM (large M) and the epilogue kernel;
-//  - w4a16_wgmma.cuh:     sm_90a wgmma with TMA and warp specialization (opt-in until measured);
+//  - w4a16_wgmma.cuh:     sm_90a wgmma with TMA and warp specialization (16 < M <= 192 on sm_90a);
 //  - w4a16_device.cuh:    what they share (decode, epilogue, mma step, reduction).
 // No MLX header here (nvcc rejects MLX's fmt-based headers); w4a16_matmul.cpp does the MLX glue.
 #include <cuda_bf16.h>
@@ -276,28 +276,68 @@ void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const Wg
   const int64_t kp = wgmma_padded_k(p.k);
   args.a = a;
   args.k_stages = kp / kWgmmaStageK;
+  args.splits = cfg.splits;
   const CUtensorMapDataType xt =
       p.x_dtype == fp4::kDtypeF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   encode_2d(&args.x_map, xt, xp, kp, p.m, kp * 2, kWgmmaXBoxK, cfg.tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
-  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, p.w_row_bytes, p.n, p.w_row_bytes,
+  // Weight and scale maps end at K's last byte, not at the row stride: padding bytes of a row
+  // (garbage nibbles, scale bytes past ceil(K / 16) that may decode to NaN) read as zeros.
+  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, fp4::packed_bytes_for_k(p.k), p.n, p.w_row_bytes,
             kWgmmaStageK / fp4::kValuesPerByte, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_128B);
-  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, p.scale_row_bytes, p.n, p.scale_row_bytes,
-            kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, fp4::scale_blocks_for_k(p.k), p.n,
+            p.scale_row_bytes, kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg) {
   Launch l;
   l.func = p.x_dtype == fp4::kDtypeF16 ? wgmma_func_t<__half>(cfg.tile_m) : wgmma_func_t<__nv_bfloat16>(cfg.tile_m);
-  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows);
+  // The split-K blocks of one weight tile are consecutive in x: one cluster (splits, 1, 1).
+  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows) * cfg.splits;
   const int64_t gy = ceil_div(p.m, cfg.tile_m);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
     throw std::runtime_error("[W4A16Matmul] CUDA backend: problem too large for the wgmma grid");
   }
-  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(cfg.splits));
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(kWgmmaThreads, 1, 1);
   l.smem = static_cast<unsigned>(wgmma_smem_bytes(cfg.tile_m));
-  l.cluster = dim3(1, 1, static_cast<unsigned>(cfg.splits));
+  l.cluster = dim3(static_cast<unsigned>(cfg.splits), 1, 1);
   return l;
+}
+
+CUDA_KERNEL_NODE_PARAMS kernel_node_params(const Launch& l, void** params) {
+  CUDA_KERNEL_NODE_PARAMS kp{};
+  kp.func = l.func;
+  kp.gridDimX = l.grid.x;
+  kp.gridDimY = l.grid.y;
+  kp.gridDimZ = l.grid.z;
+  kp.blockDimX = l.block.x;
+  kp.blockDimY = l.block.y;
+  kp.blockDimZ = l.block.z;
+  kp.sharedMemBytes = l.smem;
+  kp.kernelParams = params;
+  return kp;
+}
+
+cudaGraph_t cluster_kernel_graph(const Launch& l, void** params) {
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaGraphCreate(&g, 0);
+  if (e != cudaSuccess) throw_cuda(e, "cudaGraphCreate");
+  const CUDA_KERNEL_NODE_PARAMS kp = kernel_node_params(l, params);
+  CUgraphNode node = nullptr;
+  CUresult r = cuGraphAddKernelNode(&node, reinterpret_cast<CUgraph>(g), nullptr, 0, &kp);
+  if (r == CUDA_SUCCESS) {
+    CUlaunchAttributeValue attr{};
+    attr.clusterDim.x = l.cluster.x;
+    attr.clusterDim.y = l.cluster.y;
+    attr.clusterDim.z = l.cluster.z;
+    r = cuGraphKernelNodeSetAttribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &attr);
+  }
+  if (r != CUDA_SUCCESS) {
+    cudaGraphDestroy(g);
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: cluster kernel graph node failed (" + std::to_string(r) +
+                             ")");
+  }
+  return g;
 }
 
 void preload_kernels() {
