@@ -57,11 +57,11 @@ inline int staged_sub_steps(int64_t k) {
 }
 
 // True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
-// step, and scale rows aligned to the stage's scale copy (8 bytes per step).
+// step, and scale rows aligned to the stage's scale copy (8 bytes per step, MXFP4 4).
 inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
   using namespace fp4::cuda_tiling;
   if (!vector_loads_ok(p, x, w) || p.k % kStepK != 0) return false;
-  const int64_t copy = int64_t(staged_sub_steps(p.k)) * kStageScaleBytesPerStep;
+  const int64_t copy = int64_t(staged_sub_steps(p.k)) * stage_scale_bytes_per_step(p.mode);
   return p.scale_row_bytes % copy == 0 && reinterpret_cast<uintptr_t>(scales) % copy == 0;
 }
 
@@ -163,13 +163,9 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
   }
-  // The tensor-core kernels read NVFP4 scales only: MXFP4 takes the SIMT kernel at small M and
-  // dequantize + cuBLASLt above.
-  const bool tc_ok = half_x && p.mode == fp4::kModeNvfp4;
-  if (!tc_ok && plan.path == Path::kTensorCore) {
-    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
-  }
-  const bool wgmma_ok = tc_ok && wgmma && dev.wgmma;  // E4M3 scales too
+  // Both tensor-core kernels take either scale format; the wgmma kernel reads E4M3 scales only.
+  const bool tc_ok = half_x;
+  const bool wgmma_ok = tc_ok && p.mode == fp4::kModeNvfp4 && wgmma && dev.wgmma;  // E4M3 scales only
   plan.wg = auto_wgmma_config(p, dev);
   if (wgmma_ok && kWgmmaMaxM > 0 && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {
