@@ -153,7 +153,7 @@ step_moe() {
   export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
   "$PY" -m pytest -q -p no:cacheprovider --capture=sys --tb=short -rf tests/test_gather.py \
     tests/test_gather_transforms.py tests/test_moe_e2e.py || rc=1
-  for path in simt tc; do
+  for path in pairs simt tc; do
     echo "== MLX_FP4_CUDA_GATHER_PATH=$path"
     MLX_FP4_CUDA_GATHER_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_gather.py || rc=1
   done
