@@ -19,6 +19,13 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
+// Four 8 x 16-byte matrices of shared memory, row addresses from lanes 8j .. 8j + 7 for matrix j:
+// lane l receives bytes 4 * (l % 4) .. +3 of row l / 4 of each matrix (register j).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -40,8 +47,8 @@ __device__ __forceinline__ void cp_async_wait() {
 //  - Lanes read bytes other lanes copied, hence a __syncwarp after each wait.
 //  - The 16-byte chunks are XOR-swizzled per row so that the reads are free of bank conflicts:
 //    NVFP4 (16-byte reads, 8 lanes a phase: rows g, g + 1, chunks t): odd rows take the other half
-//    of 128 bytes (SUB == 2); MXFP4 (4-byte reads of chunk q by all 32 lanes: rows g, words t):
-//    the 8 rows g take 8 distinct 16-byte bank groups.
+//    of 128 bytes (SUB == 2); MXFP4 reads word t of chunk q of rows g (TcLane) with one ldmatrix
+//    per 8 rows (matrix q = chunk q of the 8 rows), so the 8 rows take 8 distinct 16-byte bank groups.
 
 // Bytes per weight row and per scale row of one stage of `sub` steps, and of one ring slot (one
 // stage of one warp with `rt` row tiles): the weight rows, then their scale bytes.
@@ -161,6 +168,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
     if (i + kStages - 1 < stages) issue((i + kStages - 1) % kStages);
     cp_async_commit();
     const uint8_t* slot = mine + (i % kStages) * kSlot;
+    const uint32_t slot_s = mine_s + (i % kStages) * kSlot;
 #pragma unroll
     for (int s = 0; s < SUB; ++s) {
       uint4 Xn[MT][4];
@@ -176,22 +184,20 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = rt * kMmaRows + g + 8 * h;
-          const uint8_t* wr = slot + r * kRowBytes;
           const uint8_t* sr = slot + kScaleOff + r * kScaleBytes + s * kStepScaleBytes;
           constexpr int kChunksPerStep = kStepK / fp4::kValuesPerByte / kLaneBytes;
           if constexpr (Lane::kMx) {
-            // Word q: bytes 4t .. 4t + 3 of block q (chunk q of the step); the row's 4 scale bytes.
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const int chunk = (s * kChunksPerStep + q) ^ staged_swizzle<SUB, Mode>(r);
-              w[rt][h][q] = *reinterpret_cast<const uint32_t*>(wr + chunk * kLaneBytes + 4 * t);
-            }
+            // Word q: bytes 4t .. 4t + 3 of block q (chunk q of the step) of row g: matrix q of an
+            // ldmatrix whose row l % 8 is row rt * 16 + 8h + l % 8 of the slot. Then the row's 4 scale bytes.
+            const int lr = rt * kMmaRows + 8 * h + (lane & 7);
+            const int chunk = (s * kChunksPerStep + (lane >> 3)) ^ staged_swizzle<SUB, Mode>(lr);
+            ldmatrix_x4(slot_s + lr * kRowBytes + chunk * kLaneBytes, w[rt][h]);
             const uint32_t sc = *reinterpret_cast<const uint32_t*>(sr);
 #pragma unroll
             for (int b = 0; b < Lane::kScales; ++b) sp[rt][h][b] = s_scale[(sc >> (8 * b)) & 0xFFu];
           } else {
             const int chunk = (s * kChunksPerStep + t) ^ staged_swizzle<SUB, Mode>(r);
-            const uint4 v = *reinterpret_cast<const uint4*>(wr + chunk * kLaneBytes);
+            const uint4 v = *reinterpret_cast<const uint4*>(slot + r * kRowBytes + chunk * kLaneBytes);
             w[rt][h][0] = v.x;
             w[rt][h][1] = v.y;
             w[rt][h][2] = v.z;
