@@ -110,17 +110,21 @@ void bench_mxfp4_row(const fp4::W4A16Problem& p, int copies, int iters, Run run,
               path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw);
   char name[32];
   std::snprintf(name, sizeof name, "%d/%d/%d", plan.tc.mt, plan.tc.rt, plan.tc.kw);
+  const double bytes = double(p.n) * double(p.w_row_bytes + p.scale_row_bytes);
   if (p.m <= fp4::cuda_tiling::kStagedTcMaxM) {
     for (bool staged : {true, false}) {
       g_staged = staged;
       report(staged ? "tc-staged-mxfp4" : "tc-mxfp4", name,
-             time_us([&](int c) { run(Path::kTensorCore, plan.tc, c); }, copies, iters, s));
+             time_us([&](int c) { run(Path::kTensorCore, plan.tc, c); }, copies, iters, s), bytes);
     }
     g_staged = true;
   }
-  if (p.m <= 16) report("simt-mxfp4", "-", time_us([&](int c) { run(Path::kSimt, plan.tc, c); }, copies, iters, s));
+  if (p.m <= 16) {
+    report("simt-mxfp4", "-", time_us([&](int c) { run(Path::kSimt, plan.tc, c); }, copies, iters, s), bytes);
+  }
   if (p.m >= 16) {
-    report("dequant+gemm-mxfp4", "-", time_us([&](int c) { run(Path::kDequantGemm, plan.tc, c); }, copies, iters, s));
+    report("dequant+gemm-mxfp4", "-", time_us([&](int c) { run(Path::kDequantGemm, plan.tc, c); }, copies, iters, s),
+           bytes);
   }
 }
 
@@ -172,9 +176,10 @@ void run_bench(bool quick, bool small, bool mid) {
       const double flops = 2.0 * M * N * K;
       const double qbytes = double(wbytes);
       const int iters = M >= 2048 ? 5 : 20;
-      auto report = [&](const char* what, const char* cfg, double us) {
+      // wGBps: the quantized weight bytes (packed values + scales; MXFP4 rows pass theirs) per time.
+      auto report = [&](const char* what, const char* cfg, double us, double bytes = 0) {
         std::printf("bench,%lldx%lld,M=%lld,%s,%s,us=%.2f,TFLOPs=%.1f,wGBps=%.0f\n", (long long)N, (long long)K,
-                    (long long)M, what, cfg, us, flops / us / 1e6, qbytes / us / 1e3);
+                    (long long)M, what, cfg, us, flops / us / 1e6, (bytes > 0 ? bytes : qbytes) / us / 1e3);
       };
       // Dense bf16 baseline.
       double dense = time_us(
