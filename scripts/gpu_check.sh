@@ -126,16 +126,16 @@ step_tests() {
       # One pytest per file, so that a crash in one file does not hide the others; --capture=sys
       # leaves file descriptor 2 alone, so a C++ abort message (terminate, CUDA) reaches the log.
       for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py \
-               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py; do
+               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py tests/test_mxfp4.py; do
         "$PY" -m pytest -v -p no:cacheprovider --capture=sys --tb=line -rf "$f" || rc=1
       done
     elif [ "$path" = tc-unstaged ]; then
       # The register-prefetch tensor-core kernel (the staged kernel's fallback), forced everywhere.
       MLX_FP4_CUDA_PATH=tc MLX_FP4_CUDA_STAGED=0 "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
-        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+        tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_mxfp4.py || rc=1
     else
       MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
-        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+        tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_mxfp4.py || rc=1
     fi
   done
   return $rc

@@ -122,8 +122,8 @@ def test_wgmma_crossovers(driver, shape, m):
 
 def test_wgmma_needs_its_conditions(driver):
     assert plan_full(driver, 8192, 8192, 64, wgmma=0, path="wgmma")[0] == "tc"  # loads not ok: automatic
-    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", mode="mxfp4")[0] == "dequant"  # E8M0 scales
-    assert plan_full(driver, 8192, 8192, 64, wgmma=1, mode="mxfp4")[0] == "dequant"
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", mode="mxfp4")[0] == "tc"  # E8M0 scales
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, mode="mxfp4")[0] == "tc"
     assert plan_full(driver, 8192, 8192, 64, "f32", wgmma=1, path="wgmma")[0] == "dequant"  # fp32 x
     assert plan_full(driver, 8192, 8192, 64, "f32", wgmma=1)[0] == "dequant"
     assert plan_full(driver, 8192, 8192, 64, "f16", wgmma=1)[0] == "wgmma"
@@ -175,11 +175,36 @@ def test_wgmma_load_conditions(driver):
     assert driver("loads 4096 2048 256 1024 2048 4104")[0][2] == "0"  # scales not 16-byte aligned
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("shape", sorted(MEASURED_STAGED) + [(4096, 4096, 33), (4096, 4096, 512), (2880, 2880, 8)],
+                         ids=lambda s: "{}x{}-M{}".format(*s))
+@pytest.mark.parametrize("staged", [1, 0])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_mxfp4_takes_the_tensor_core_kernels_like_nvfp4(driver, shape, staged, dtype):
+    """Both tensor-core kernels take E8M0 scales: 16-bit x plans the same path and tiles for MXFP4 as
+    for NVFP4 (tensor cores up to M = 32, the staged kernel up to 64, then dequantize + cuBLASLt)."""
+    nv = plan(driver, *shape, dtype, staged=staged)
+    assert plan(driver, *shape, dtype, staged=staged, mode="mxfp4") == nv
+    assert plan(driver, *shape, dtype, staged=staged, path="tc", mode="mxfp4")[0] == "tc"
+
+
 @pytest.mark.parametrize("m", [1, 8, 32, 33, 512])
-def test_mxfp4_never_takes_the_tensor_core_kernels(driver, dtype, m):
-    """The tensor-core kernels decode E4M3 scales only: MXFP4 runs SIMT up to kSimtMaxM (32), then
-    dequantize + cuBLASLt, even when forced to tc."""
+def test_mxfp4_float32_x_stays_off_the_tensor_cores(driver, m):
     want = "simt" if m <= 32 else "dequant"
-    assert plan(driver, 4096, 4096, m, dtype, mode="mxfp4")[0] == want
-    assert plan(driver, 4096, 4096, m, dtype, path="tc", mode="mxfp4")[0] == want
+    assert plan(driver, 4096, 4096, m, "f32", mode="mxfp4")[0] == want
+    assert plan(driver, 4096, 4096, m, "f32", path="tc", mode="mxfp4")[0] == want
+
+
+@pytest.mark.parametrize("m", [1, 64, 256])
+def test_mxfp4_never_takes_wgmma(driver, m):
+    """The wgmma kernel reads E4M3 scales only: forced, MXFP4 keeps the automatic choice."""
+    assert plan_full(driver, 8192, 8192, m, wgmma=1, path="wgmma", mode="mxfp4")[0] == plan(driver, 8192, 8192, m, mode="mxfp4")[0]
+
+
+def test_mxfp4_staged_load_conditions(driver):
+    """MXFP4 scale rows hold K / 32 bytes: the staged kernel copies 8 per row and stage of two steps
+    (K % 256 == 0), else 4."""
+    assert driver("loads_mxfp4 4096 2048 128 1024 2048 4096")[0][:2] == ("1", "1")
+    assert driver("loads_mxfp4 4096 2048 128 1024 2048 4100")[0][:2] == ("1", "0")  # not 8-byte aligned
+    assert driver("loads_mxfp4 4224 2112 132 1024 2048 4100")[0][:2] == ("1", "1")  # K % 256 != 0: 4 bytes
+    assert driver("loads_mxfp4 4224 2112 132 1024 2048 4098")[0][:2] == ("1", "0")  # ... but not 2
+    assert driver("loads_mxfp4 2880 1440 90 1024 2048 4096")[0][:2] == ("1", "0")  # gpt-oss K: K % 128 != 0

@@ -23,7 +23,7 @@
 
 namespace mlx_fp4 {
 
-// Every mode: the plan keeps MXFP4 off the tensor-core kernels (SIMT, dequantize + cuBLASLt).
+// Every mode: every kernel but wgmma takes both scale formats (the plan keeps MXFP4 off wgmma).
 bool gpu_kernel_supports_mode(int mode, int64_t) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 namespace {

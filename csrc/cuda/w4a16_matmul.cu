@@ -1,5 +1,6 @@
 // CUDA W4A16 matmul: y[M, N] = epilogue(gs * (x[M, K] @ dequantize(w, scales)[N, K]^T)).
-// w is NVFP4: [N, w_row_bytes] packed E2M1 (low nibble = even k), scales [N, ceil(K/16)] E4M3 bytes.
+// w: [N, w_row_bytes] packed E2M1 (low nibble = even k); scales NVFP4 [N, ceil(K/16)] E4M3 bytes or
+// MXFP4 [N, ceil(K/32)] E8M0 bytes (p.mode; every kernel but wgmma takes both, a template parameter).
 // This file: kernel handles, launch shapes and the dispatch plan_w4a16 (measured crossovers). The
 // kernels, one file each, all in this translation unit:
 //  - w4a16_tc_staged.cuh: tensor cores, weights through a cp.async ring (K % 128 == 0, M <= 64);
@@ -69,44 +70,65 @@ CUfunction func_of(Kernel kernel) {
   return func_of_symbol(reinterpret_cast<const void*>(kernel));
 }
 
-template <typename T, int MT, int RT>
+template <typename T, int MT, int RT, int Mode>
 CUfunction tc_func_rt(bool vec) {
-  if (vec) return func_of(w4a16_tc_kernel<T, MT, RT, true>);
-  return func_of(w4a16_tc_kernel<T, MT, 1, false>);  // guarded loads: one variant per MT is enough
+  if (vec) return func_of(w4a16_tc_kernel<T, MT, RT, true, Mode>);
+  return func_of(w4a16_tc_kernel<T, MT, 1, false, Mode>);  // guarded loads: one variant per MT is enough
 }
 
-template <typename T, int SUB>
+template <typename T, int SUB, int Mode>
 CUfunction staged_func_sub(int mt, int rt) {
   switch (mt) {
-    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, SUB>);
-    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 2, 2, SUB>);
-    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 4, 2, SUB>);
+    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, SUB, Mode>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, SUB, Mode>);
+    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1, SUB, Mode>) : func_of(w4a16_tc_staged_kernel<T, 2, 2, SUB, Mode>);
+    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1, SUB, Mode>) : func_of(w4a16_tc_staged_kernel<T, 4, 2, SUB, Mode>);
   }
 }
 
 // The batched staged kernels (tc_batched_launch): one x tile (mt = 1), the decode case.
-template <typename T>
+template <typename T, int Mode>
 CUfunction batched_staged_func(int rt, int sub) {
   if (sub == kStagedSubSteps) {
-    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, true>)
-                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, true>);
+    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, Mode, true>)
+                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, Mode, true>);
   }
-  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, true>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, true>);
+  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, Mode, true>)
+                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, Mode, true>);
 }
 
-template <typename T>
+// Either x dtype and scale format.
+CUfunction batched_staged_func_of(int x_dtype, int mode, int rt, int sub) {
+  if (mode == fp4::kModeMxfp4) {
+    return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeMxfp4>(rt, sub)
+                                     : batched_staged_func<__nv_bfloat16, fp4::kModeMxfp4>(rt, sub);
+  }
+  return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeNvfp4>(rt, sub)
+                                   : batched_staged_func<__nv_bfloat16, fp4::kModeNvfp4>(rt, sub);
+}
+
+template <typename T, int Mode>
 CUfunction staged_func_t(int mt, int rt, int sub) {
-  return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps>(mt, rt) : staged_func_sub<T, 1>(mt, rt);
+  return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps, Mode>(mt, rt) : staged_func_sub<T, 1, Mode>(mt, rt);
 }
 
-template <typename T>
+template <typename T, int Mode>
 CUfunction tc_func_t(int mt, int rt, bool vec) {
   switch (mt) {
-    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : tc_func_rt<T, 1, 2>(vec);
-    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : tc_func_rt<T, 2, 2>(vec);
-    case 4: return rt == 1 ? tc_func_rt<T, 4, 1>(vec) : tc_func_rt<T, 4, 2>(vec);
-    default: return tc_func_rt<T, 8, 1>(vec);
+    case 1: return rt == 1 ? tc_func_rt<T, 1, 1, Mode>(vec) : tc_func_rt<T, 1, 2, Mode>(vec);
+    case 2: return rt == 1 ? tc_func_rt<T, 2, 1, Mode>(vec) : tc_func_rt<T, 2, 2, Mode>(vec);
+    case 4: return rt == 1 ? tc_func_rt<T, 4, 1, Mode>(vec) : tc_func_rt<T, 4, 2, Mode>(vec);
+    default: return tc_func_rt<T, 8, 1, Mode>(vec);
   }
+}
+
+// Either tensor-core kernel for x dtype T and the problem's scale format.
+template <int Mode>
+CUfunction tc_func_mode(int x_dtype, int mt, int rt, bool vec, bool staged, int sub) {
+  if (staged) {
+    return x_dtype == fp4::kDtypeF16 ? staged_func_t<__half, Mode>(mt, rt, sub)
+                                     : staged_func_t<__nv_bfloat16, Mode>(mt, rt, sub);
+  }
+  return x_dtype == fp4::kDtypeF16 ? tc_func_t<__half, Mode>(mt, rt, vec) : tc_func_t<__nv_bfloat16, Mode>(mt, rt, vec);
 }
 
 unsigned grid_for_elements(int64_t items) {
@@ -124,13 +146,8 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
   const int rt = vec ? cfg.rt : 1;
   const int sub = staged_sub_steps(p.k);
-  if (staged) {
-    l.func = p.x_dtype == fp4::kDtypeF16 ? staged_func_t<__half>(cfg.mt, rt, sub)
-                                         : staged_func_t<__nv_bfloat16>(cfg.mt, rt, sub);
-  } else {
-    l.func = p.x_dtype == fp4::kDtypeF16 ? tc_func_t<__half>(cfg.mt, rt, vec)
-                                         : tc_func_t<__nv_bfloat16>(cfg.mt, rt, vec);
-  }
+  l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub)
+                                     : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub);
   const int64_t gx = ceil_div(p.m, kMmaCols * cfg.mt);
   const int64_t gy = ceil_div(p.n, kMmaRows * rt);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
@@ -138,7 +155,7 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   }
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
-  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub)) : 0;
+  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub, p.mode)) : 0;
   return l;
 }
 
@@ -148,8 +165,7 @@ Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool
   if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return l;
   l = tc_launch(p, plan.tc, vec, true);
   const int sub = staged_sub_steps(p.k);
-  l.func = p.x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half>(plan.tc.rt, sub)
-                                       : batched_staged_func<__nv_bfloat16>(plan.tc.rt, sub);
+  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, sub);
   l.grid.z = static_cast<unsigned>(products);
   return l;
 }
@@ -348,7 +364,8 @@ void preload_kernels() {
     p.m = p.n = p.k = 1;
     p.x_dtype = dt;
     for (bool vec : {true, false}) {
-      if (dt != fp4::kDtypeF32) {
+      for (int mode = 0; mode < fp4::kNumModes && dt != fp4::kDtypeF32; ++mode) {
+        p.mode = mode;
         for (int mt : {1, 2, 4, 8})
           for (int rt : {1, 2})
             if (mt * rt <= 8) {
@@ -364,8 +381,7 @@ void preload_kernels() {
                 if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
                 if (mt != 1) continue;
                 const int sub = staged_sub_steps(k);
-                const CUfunction b = dt == fp4::kDtypeF16 ? batched_staged_func<__half>(rt, sub)
-                                                          : batched_staged_func<__nv_bfloat16>(rt, sub);
+                const CUfunction b = batched_staged_func_of(dt, mode, rt, sub);
                 if (cuFuncSetAttribute(b, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(l.smem)) !=
                     CUDA_SUCCESS) {
                   throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");

@@ -57,11 +57,11 @@ inline int staged_sub_steps(int64_t k) {
 }
 
 // True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
-// step, and scale rows aligned to the stage's scale copy (8 bytes per step).
+// step, and scale rows aligned to the stage's scale copy (8 bytes per step, MXFP4 4).
 inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
   using namespace fp4::cuda_tiling;
   if (!vector_loads_ok(p, x, w) || p.k % kStepK != 0) return false;
-  const int64_t copy = int64_t(staged_sub_steps(p.k)) * kStageScaleBytesPerStep;
+  const int64_t copy = int64_t(staged_sub_steps(p.k)) * stage_scale_bytes_per_step(p.mode);
   return p.scale_row_bytes % copy == 0 && reinterpret_cast<uintptr_t>(scales) % copy == 0;
 }
 
@@ -183,15 +183,11 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
   }
-  // The tensor-core kernels read NVFP4 scales only: MXFP4 takes the SIMT kernel at small M and
-  // dequantize + cuBLASLt above.
-  const bool tc_ok = half_x && p.mode == fp4::kModeNvfp4;
-  if (!tc_ok && plan.path == Path::kTensorCore) {
-    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
-  }
-  // wgmma: sm_90a builds on cc 9.0, 16-bit x, NVFP4 (E4M3 scales), weight and scale rows in whole
-  // 16-byte units (wgmma_loads_ok: through MLX, K % 256 == 0); anything else keeps the paths above.
-  const bool wgmma_ok = tc_ok && wgmma && dev.wgmma;
+  // Both tensor-core kernels take either scale format. wgmma: sm_90a builds on cc 9.0, 16-bit x,
+  // NVFP4 (E4M3 scales), weight and scale rows in whole 16-byte units (wgmma_loads_ok: through
+  // MLX, K % 256 == 0); anything else keeps the paths above.
+  const bool tc_ok = half_x;
+  const bool wgmma_ok = tc_ok && p.mode == fp4::kModeNvfp4 && wgmma && dev.wgmma;
   plan.wg = auto_wgmma_config(p, dev);
   if (wgmma_ok && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {

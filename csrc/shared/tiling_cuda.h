@@ -21,7 +21,6 @@ enum : int {
   // stage is kStagedSubSteps steps when K allows (one 16-byte scale copy per row), else one step.
   kStages = 3,
   kStagedSubSteps = 2,
-  kStageScaleBytesPerStep = kStepK / fp4::kBlockSize,  // scale bytes per weight row and step
   kMaxStagedColTiles = 4,   // x-row tiles of 8 per staged block (32 rows of x; wider would spill)
   kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
   kStagedOneRowWarpsPerSm = 16,  // ... with one row of x: one row tile per warp, more warps
@@ -73,6 +72,9 @@ enum : int {
   kDequantThreads = 128,
   kDequantWords = 4,
 };
+
+// Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
+FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
 
 }  // namespace cuda_tiling
 }  // namespace fp4
