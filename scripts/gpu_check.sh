@@ -126,16 +126,16 @@ step_tests() {
       # One pytest per file, so that a crash in one file does not hide the others; --capture=sys
       # leaves file descriptor 2 alone, so a C++ abort message (terminate, CUDA) reaches the log.
       for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py \
-               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py; do
+               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py tests/test_mxfp4.py; do
         "$PY" -m pytest -v -p no:cacheprovider --capture=sys --tb=line -rf "$f" || rc=1
       done
     elif [ "$path" = tc-unstaged ]; then
       # The register-prefetch tensor-core kernel (the staged kernel's fallback), forced everywhere.
       MLX_FP4_CUDA_PATH=tc MLX_FP4_CUDA_STAGED=0 "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
-        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+        tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_mxfp4.py || rc=1
     else
       MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
-        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+        tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_mxfp4.py || rc=1
     fi
   done
   return $rc
@@ -153,10 +153,13 @@ step_moe() {
   export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
   "$PY" -m pytest -q -p no:cacheprovider --capture=sys --tb=short -rf tests/test_gather.py \
     tests/test_gather_transforms.py tests/test_moe_e2e.py || rc=1
-  for path in simt tc; do
+  for path in pairs simt tc; do
     echo "== MLX_FP4_CUDA_GATHER_PATH=$path"
     MLX_FP4_CUDA_GATHER_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_gather.py || rc=1
   done
+  echo "== MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=simt"
+  MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=simt "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf \
+    tests/test_gather.py || rc=1
   "$PY" -m mlx_fp4.bench moe --device gpu ${BENCH_MOE_ARGS:---budget 5 --repeats 10} --out "$OUT/moe" || rc=1
   return $rc
 }

@@ -1,12 +1,12 @@
 // Standalone check and timing of the CUDA gathered (MoE) kernels, without MLX
 // (scripts/gpu_check.sh step moe builds it):
-//   check: plan + GEMV and plan + tensor cores against a double-precision host sum of the exact
+//   check: the pair GEMV, plan + GEMV and plan + tensor cores against a double-precision host sum of the exact
 //          decoded weights (fp4_format.h), sorted / unsorted / repeated experts, M > 1, ragged K,
 //          per-expert multipliers, out-of-range pairs (NaN rows);
 //   bench: Qwen3-30B-A3B expert shapes (128 experts, top-8; 768 x 2048 and 2048 x 768), kernel
-//          time of plan + kernel in a CUDA graph with fresh routing per call, next to the read rate
+//          time of each kernel choice (with the plan where it has one) in a CUDA graph with fresh routing per call, next to the read rate
 //          of a load-only kernel over the same active experts' bytes.
-// Usage: gather_kernel_harness [check] [bench]. Exit code 1 on a failed check.
+// Usage: gather_kernel_harness [check] [bench] [profile]. Exit code 1 on a failed check.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -98,8 +98,10 @@ struct Problem {
     for (auto& v : mult) v = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng);
   }
 
-  // Uploads the inputs and the workspace; `tc` picks the kernel.
-  void upload(bool tc) {
+  GatherKernel kernel = GatherKernel::kGemv;
+
+  // Uploads the inputs and the workspace; `k` picks the kernel.
+  void upload(GatherKernel k) {
     a.x = to_device(x);
     a.w = to_device(w);
     a.scales = to_device(s);
@@ -110,13 +112,23 @@ struct Problem {
     const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
     CK(cudaMalloc(&ws, words * sizeof(int32_t)));
     a.workspace = ws;
-    a.use_tc = tc ? 1 : 0;
     a.g = g;
+    use(k);
   }
 
+  void use(GatherKernel k) {
+    kernel = k;
+    a.use_tc = k == GatherKernel::kTc ? 1 : 0;
+  }
+
+  // The launches of the MLX glue (gather_w4a16_matmul.cpp) for the chosen kernel.
   void launch(cudaStream_t st) {
-    run(gather_plan_launch(g), a, st);
     const bool vec = vector_loads_ok(g.mm, a.x, a.w);
+    if (kernel == GatherKernel::kPairs) {
+      run(gather_pairs_launch(g, vec), a, st);
+      return;
+    }
+    run(gather_plan_launch(g), a, st);
     run(a.use_tc ? gather_tc_launch(g, vec) : gather_gemv_launch(g, vec), a, st);
   }
 
@@ -138,8 +150,13 @@ float bf16_value(uint16_t bits) {
 }
 
 // Double sum over exact decoded weights; NaN rows for out-of-range pairs.
-void check(const std::string& name, Problem& pr, bool tc) {
-  pr.upload(tc);
+const char* kernel_name(GatherKernel k) {
+  return k == GatherKernel::kPairs ? "pairs" : k == GatherKernel::kTc ? "tc" : "gemv";
+}
+constexpr GatherKernel kKernels[] = {GatherKernel::kPairs, GatherKernel::kGemv, GatherKernel::kTc};
+
+void check(const std::string& name, Problem& pr, GatherKernel kernel) {
+  pr.upload(kernel);
   pr.launch(0);
   CK(cudaDeviceSynchronize());
   const auto& g = pr.g;
@@ -171,7 +188,7 @@ void check(const std::string& name, Problem& pr, bool tc) {
         bad += !(std::fabs(got - acc * c) <= tol);
       }
   }
-  std::printf("check %-28s %-4s pairs %4lld  %s\n", name.c_str(), tc ? "tc" : "gemv", (long long)g.pairs,
+  std::printf("check %-28s %-5s pairs %4lld  %s\n", name.c_str(), kernel_name(kernel), (long long)g.pairs,
               bad ? "FAILED" : "ok");
   if (bad) {
     std::printf("  %lld bad outputs\n", (long long)bad);
@@ -195,7 +212,7 @@ std::vector<uint32_t> random_experts(int64_t n, int64_t e, bool sorted, std::mt1
 
 void run_checks() {
   std::mt19937 rng(7);
-  for (bool tc : {false, true}) {
+  for (GatherKernel tc : kKernels) {
     {
       Problem p(8, 64, 256, 1, 12, iota_u32(24, 2), random_experts(24, 8, false, rng), true, rng);
       check("decode top-2 unsorted", p, tc);
@@ -263,7 +280,7 @@ void run_bench() {
   CK(cudaStreamCreate(&st));
   std::printf("bench,n,k,tokens,kernel,us,active_MB,GBps,read_only_GBps,pct_of_read\n");
   for (auto [n, k] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}}) {
-    for (int64_t tokens : {1, 4, 16, 512, 2048}) {
+    for (int64_t tokens : {1, 2, 4, 8, 16, 512, 2048}) {
       const int64_t pairs = tokens * kTop;
       const bool sorted = pairs >= 64;
       // Routings: distinct top-8 experts per token; prefill sorted by expert as mlx-lm does.
@@ -279,15 +296,15 @@ void run_bench() {
       }
       Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
                 routes[0], true, rng);
-      const bool planned_tc = gather_use_tc(p.g);
-      p.upload(false);
+      const GatherKernel planned = gather_kernel_for(p.g);
+      p.upload(planned);
       std::vector<uint32_t*> d_routes;
       for (auto& r : routes) d_routes.push_back(to_device(r));
-      // Both kernels at every point (the plan's crossover comes from these lines).
-      double us_of[2];
-      for (int tc = 0; tc < 2; ++tc) {
-        p.a.use_tc = tc;
-        us_of[tc] = graph_us([&](int i) {
+      // Every kernel at every point (the plan's crossovers come from these lines).
+      double us_of[3];
+      for (int kk = 0; kk < 3; ++kk) {
+        p.use(kKernels[kk]);
+        us_of[kk] = graph_us([&](int i) {
           p.a.rhs = d_routes[i % kRoutings];
           p.launch(st);
         }, 2 * kRoutings, st);
@@ -316,11 +333,11 @@ void run_bench() {
       }, 2 * kRoutings, st);
       const double mean_rows = std::accumulate(n_rows.begin(), n_rows.end(), 0.0) / kRoutings;
       const double read_gbps = mean_rows * p.g.mm.w_row_bytes / read_us / 1e3;
-      for (int tc = 0; tc < 2; ++tc) {
-        const double gbps = active / us_of[tc] / 1e3;
+      for (int kk = 0; kk < 3; ++kk) {
+        const double gbps = active / us_of[kk] / 1e3;
         std::printf("bench,%lld,%lld,%lld,%s%s,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,
-                    (long long)tokens, tc ? "tc" : "gemv", tc == planned_tc ? " (plan)" : "", us_of[tc], active / 1e6,
-                    gbps, read_gbps, 100 * gbps / read_gbps);
+                    (long long)tokens, kernel_name(kKernels[kk]), kKernels[kk] == planned ? " (plan)" : "", us_of[kk],
+                    active / 1e6, gbps, read_gbps, 100 * gbps / read_gbps);
       }
       for (auto* d : d_routes) cudaFree(d);
       for (auto* d : d_rows) cudaFree(d);
@@ -331,16 +348,40 @@ void run_bench() {
   cudaStreamDestroy(st);
 }
 
+// One launch of each kernel on the 512-token prefill shape (768 x 2048), for a profiler
+// (ncu --kernel-name regex:gather_ ... gather_kernel_harness profile).
+void run_profile() {
+  constexpr int64_t kExperts = 128, kTop = 8, kTokens = 512, kPairs = kTokens * kTop;
+  std::mt19937 rng(5);
+  std::vector<uint32_t> r;
+  for (int64_t t = 0; t < kTokens; ++t) {
+    std::vector<uint32_t> perm(kExperts);
+    std::iota(perm.begin(), perm.end(), 0u);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    r.insert(r.end(), perm.begin(), perm.begin() + kTop);
+  }
+  std::sort(r.begin(), r.end());
+  Problem p(kExperts, 768, 2048, 1, kPairs, iota_u32(kPairs), r, true, rng);
+  p.upload(GatherKernel::kTc);
+  for (GatherKernel k : kKernels) {
+    p.use(k);
+    p.launch(0);
+  }
+  CK(cudaDeviceSynchronize());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool do_check = argc == 1, do_bench = false;
+  bool do_check = argc == 1, do_bench = false, do_profile = false;
   for (int i = 1; i < argc; ++i) {
     do_check |= std::strcmp(argv[i], "check") == 0;
     do_bench |= std::strcmp(argv[i], "bench") == 0;
+    do_profile |= std::strcmp(argv[i], "profile") == 0;
   }
   if (do_check) run_checks();
   if (do_bench) run_bench();
+  if (do_profile) run_profile();
   if (g_failures) std::printf("%d checks FAILED\n", g_failures);
   return g_failures ? 1 : 0;
 }

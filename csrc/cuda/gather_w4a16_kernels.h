@@ -1,8 +1,9 @@
 // Framework-free interface of the CUDA gathered W4A16 kernels (gather_w4a16_matmul.cu), launched
-// by the MLX glue (gather_w4a16_matmul.cpp) as CUfunction graph nodes. Two launches per call:
-// the plan groups the (token, expert) pairs by expert on the device, then one GEMV launch covers
-// every (expert, weight-row tile) at once, each expert's rows streamed once for all its pairs, or
-// (prefill) one grouped tensor-core launch covers the plan's tiles of each expert's rows.
+// by the MLX glue (gather_w4a16_matmul.cpp) as CUfunction graph nodes. Decode with few rows: one
+// launch, the pair GEMV (each pair reads its expert directly). Otherwise two: the plan groups the
+// (token, expert) pairs by expert on the device, then one GEMV launch covers every (expert,
+// weight-row tile) at once, each expert's rows streamed once for all its pairs, or (prefill) one
+// grouped tensor-core launch covers the plan's tiles of each expert's rows.
 #pragma once
 #include <cstdint>
 
@@ -24,14 +25,21 @@ struct GatherArgs {
   void* out;                // [pairs * m, n], mm.out_dtype
   int32_t* workspace;       // plan_workspace_words(experts, pairs, rows) int32
   int use_tc;               // 1: the plan lists tensor-core tiles and gather_tc_launch runs
+                            // (the pair GEMV needs no workspace and no plan)
   fp4::GatherW4A16Problem g;
 };
 
+using fp4::cuda_gather_tiling::GatherKernel;
+
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
-// The grouped tensor-core kernel applies: bf16/fp16 x and at least kTcMinRowsPerExpert rows of
-// x per expert on average (prefill); otherwise the GEMV.
-bool gather_use_tc(const fp4::GatherW4A16Problem& g);
+// The plan: the grouped tensor-core kernel for bf16/fp16 x with at least kTcMinRowsPerExpert
+// rows of x per expert on average (prefill); the pair GEMV for at most kPairsMaxRows rows
+// (decode); else the grouped GEMV.
+GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
+// Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x, NVFP4).
+bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
 // vec: 16-byte loads of weight and x rows (vector_loads_ok on g.mm and the base pointers).
+Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
 

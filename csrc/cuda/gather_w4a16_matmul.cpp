@@ -1,12 +1,13 @@
-// GatherW4A16Matmul::eval_gpu for MLX's CUDA backend: binds MLX buffers and adds the two kernels
-// of gather_w4a16_matmul.cu (plan, then GEMV or grouped tensor cores) to MLX's CUDA graph as
-// CUfunction nodes.
+// GatherW4A16Matmul::eval_gpu for MLX's CUDA backend: binds MLX buffers and adds the kernels of
+// gather_w4a16_matmul.cu (the pair GEMV, or the plan then the grouped GEMV or tensor cores) to
+// MLX's CUDA graph as CUfunction nodes.
 // Compiled by the C++ compiler (MLX's CUDA headers need fmt, see fmt_shim/), never by nvcc.
 #include <cstdlib>
 #include <string>
 
 #include "../gather_primitive.h"
 #include "gather_w4a16_kernels.h"
+#include "mlx_memory.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/backend/cuda/utils.h"
@@ -16,17 +17,57 @@ namespace mlx_fp4 {
 bool gather_gpu_kernel_available() { return true; }
 bool gather_gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
+namespace {
+
+// MLX_FP4_CUDA_GATHER_PATH=pairs|simt|tc forces a kernel (tests, A/B timing; simt = the grouped
+// GEMV); a kernel that cannot run the problem (tc with float32 x or MXFP4) falls back to the plan.
+cuda::GatherKernel gather_kernel(const fp4::GatherW4A16Problem& g) {
+  static const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PATH");
+  if (!env || !*env) return cuda::gather_kernel_for(g);
+  const std::string path(env);
+  const cuda::GatherKernel forced = path == "pairs" ? cuda::GatherKernel::kPairs
+                                    : path == "tc"  ? cuda::GatherKernel::kTc
+                                                    : cuda::GatherKernel::kGemv;
+  return cuda::gather_kernel_supports(forced, g) ? forced : cuda::gather_kernel_for(g);
+}
+
+// MLX_FP4_CUDA_GATHER_PAIRS=simt keeps the SIMT pair GEMV where the batched tensor-core kernel
+// would run (tests, A/B timing).
+bool pairs_simt_forced() {
+  static const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS");
+  return env && std::string(env) == "simt";
+}
+
+// The pair GEMV as a batch of dense products for the staged kernel (W4A16Args::batch_*).
+cuda::W4A16Args batched_args(const cuda::GatherArgs& a) {
+  cuda::W4A16Args b{};
+  b.x = a.x;
+  b.w = a.w;
+  b.scales = a.scales;
+  b.global_scale = a.multiplier;
+  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
+  b.out = a.out;
+  b.p = a.g.mm;
+  b.batch_lhs = a.lhs;
+  b.batch_rhs = a.rhs;
+  b.batch_x_matrices = a.g.x_batches;
+  b.batch_experts = a.g.experts;
+  b.w_batch_bytes = a.g.w_expert_bytes;
+  b.scale_batch_bytes = a.g.scale_expert_bytes;
+  b.multiplier_per_expert = a.g.multiplier_per_expert;
+  return b;
+}
+
+}  // namespace
+
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   namespace cu = mx::cu;
   auto& out = outputs[0];
   auto& enc = cu::get_command_encoder(stream());
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  out.set_data(cuda::device_data(out.nbytes(), enc));
   const fp4::GatherW4A16Problem g = problem(inputs, out);
   if (fp4::gather_out_rows(g) == 0 || g.mm.n == 0) return;
 
-  const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
-  mx::array ws({static_cast<int>(words)}, mx::int32, nullptr, {});
-  ws.set_data(mx::allocator::malloc(ws.nbytes()));
   cuda::GatherArgs a{};
   a.x = mx::gpu_ptr<void>(inputs[kGatherX]);
   a.w = mx::gpu_ptr<uint8_t>(inputs[kGatherW]);
@@ -36,14 +77,35 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   a.multiplier = has_multiplier() ? mx::gpu_ptr<float>(inputs[kGatherFirstOptional]) : nullptr;
   for (int i = 0; i < g.mm.num_operands; ++i) a.operands[i] = mx::gpu_ptr<void>(inputs[operand_input_index(i)]);
   a.out = mx::gpu_ptr<void>(out);
-  a.workspace = mx::gpu_ptr<int32_t>(ws);
-  // MLX_FP4_CUDA_GATHER_PATH=simt|tc forces a kernel (tests, A/B timing); tc needs bf16/fp16 x.
-  static const char* path_env = std::getenv("MLX_FP4_CUDA_GATHER_PATH");
-  const bool half_x = g.mm.x_dtype != fp4::kDtypeF32;
-  const bool tc = path_env && *path_env ? (half_x && std::string(path_env) == "tc") : cuda::gather_use_tc(g);
-  a.use_tc = tc ? 1 : 0;
+  const cuda::GatherKernel kernel = gather_kernel(g);
+  a.use_tc = kernel == cuda::GatherKernel::kTc ? 1 : 0;
   a.g = g;
+  const bool vec = cuda::vector_loads_ok(g.mm, a.x, a.w);
 
+  if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
+    for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    // The dense staged tensor-core kernel over grid z = pairs where it takes one pair's problem
+    // (bf16/fp16 x, either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
+    const cuda::W4A16Args b = batched_args(a);
+    const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
+    const bool staged = half_x && cuda::staged_loads_ok(g.mm, b.x, b.w, b.scales);
+    const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(enc.device().cuda_device()), true, g.pairs)
+                                   : cuda::Launch{};
+    if (tc.func && !pairs_simt_forced()) {
+      enc.add_kernel_node_ex(tc.func, tc.grid, tc.block, {}, tc.smem, b);
+      return;
+    }
+    const cuda::Launch run = cuda::gather_pairs_launch(g, vec);
+    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
+    return;
+  }
+
+  // The plan's workspace comes from MLX's allocator (mlx_memory.h), back in its cache once run.
+  const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
+  mx::array ws({static_cast<int>(words)}, mx::int32, nullptr, {});
+  ws.set_data(cuda::device_data(ws.nbytes(), enc));
+  a.workspace = mx::gpu_ptr<int32_t>(ws);
   // Plan: reads the indices, writes the workspace (and NaN rows for out-of-range pairs).
   enc.set_input_array(inputs[kGatherLhs]);
   enc.set_input_array(inputs[kGatherRhs]);
@@ -55,8 +117,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_input_array(ws);
   enc.set_output_array(out);
-  const bool vec = cuda::vector_loads_ok(g.mm, a.x, a.w);
-  const cuda::Launch run = tc ? cuda::gather_tc_launch(g, vec) : cuda::gather_gemv_launch(g, vec);
+  const cuda::Launch run = a.use_tc ? cuda::gather_tc_launch(g, vec) : cuda::gather_gemv_launch(g, vec);
   enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
   enc.add_temporary(ws);
 }

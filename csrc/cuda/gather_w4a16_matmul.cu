@@ -1,9 +1,10 @@
 // CUDA gathered W4A16 (mixture-of-experts): out[p] = epilogue(mult[e] * x[lhs[p]] @ W[e]^T),
-// e = rhs[p]. Two launches in MLX's graph: the plan (gather_w4a16_plan.cuh: pairs grouped by
-// expert on the device), then either the GEMV over every (active expert, weight-row tile)
-// (gather_w4a16_gemv.cuh, decode and float32 x) or the grouped tensor-core kernel over the plan's
-// tiles (gather_w4a16_tc.cuh, bf16/fp16 x with enough rows per expert). This file: kernel handles
-// and launch shapes. Framework-free (no MLX header); gather_w4a16_matmul.cpp does the MLX glue.
+// e = rhs[p]. Decode with few rows: the pair GEMV alone (gather_w4a16_gemv.cuh). Otherwise two
+// launches in MLX's graph: the plan (gather_w4a16_plan.cuh: pairs grouped by expert on the
+// device), then the grouped GEMV over every (active expert, weight-row tile) (float32 x, or too
+// few rows per expert) or the grouped tensor-core kernel over the plan's tiles
+// (gather_w4a16_tc.cuh). This file: kernel handles and launch shapes. Framework-free (no MLX
+// header); gather_w4a16_matmul.cpp does the MLX glue.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -29,16 +30,26 @@ CUfunction gather_func(Kernel kernel) {
 }
 
 template <typename XT, int Mode>
-CUfunction gemv_func(bool vec) {
+CUfunction gemv_func(bool pairs, bool vec) {
+  if (pairs) {
+    return vec ? gather_func(gather_pairs_kernel<XT, true, Mode>) : gather_func(gather_pairs_kernel<XT, false, Mode>);
+  }
   return vec ? gather_func(gather_gemv_kernel<XT, true, Mode>) : gather_func(gather_gemv_kernel<XT, false, Mode>);
 }
 
 template <int Mode>
-CUfunction gemv_func_of_dtype(int x, bool vec) {
-  return x == fp4::kDtypeF32 ? gemv_func<float, Mode>(vec)
-         : x == fp4::kDtypeF16 ? gemv_func<__half, Mode>(vec)
-                               : gemv_func<__nv_bfloat16, Mode>(vec);
+CUfunction gemv_func_of_dtype(int x, bool pairs, bool vec) {
+  return x == fp4::kDtypeF32 ? gemv_func<float, Mode>(pairs, vec)
+         : x == fp4::kDtypeF16 ? gemv_func<__half, Mode>(pairs, vec)
+                               : gemv_func<__nv_bfloat16, Mode>(pairs, vec);
 }
+
+CUfunction gemv_func_of_problem(const fp4::GatherW4A16Problem& g, bool pairs, bool vec) {
+  return g.mm.mode == fp4::kModeMxfp4 ? gemv_func_of_dtype<fp4::kModeMxfp4>(g.mm.x_dtype, pairs, vec)
+                                      : gemv_func_of_dtype<fp4::kModeNvfp4>(g.mm.x_dtype, pairs, vec);
+}
+
+unsigned grid_dim(int64_t v, int64_t most) { return static_cast<unsigned>(v < 1 ? 1 : (v > most ? most : v)); }
 
 template <typename T>
 CUfunction tc_func(bool vec) {
@@ -55,10 +66,18 @@ Launch gather_plan_launch(const fp4::GatherW4A16Problem&) {
   return l;
 }
 
-bool gather_use_tc(const fp4::GatherW4A16Problem& g) {
-  // The grouped tensor-core kernel reads NVFP4 scales only: MXFP4 takes the GEMV at every size.
-  const bool half_x = (g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16) && g.mm.mode == fp4::kModeNvfp4;
-  return half_x && fp4::gather_out_rows(g) >= int64_t(kTcMinRowsPerExpert) * g.experts;
+bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g) {
+  // The grouped tensor-core kernel reads NVFP4 scales and half-precision x only.
+  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
+  return k != GatherKernel::kTc || (half_x && g.mm.mode == fp4::kModeNvfp4);
+}
+
+GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g) {
+  const int64_t rows = fp4::gather_out_rows(g);
+  if (gather_kernel_supports(GatherKernel::kTc, g) && rows >= int64_t(kTcMinRowsPerExpert) * g.experts) {
+    return GatherKernel::kTc;
+  }
+  return rows <= kPairsMaxRows ? GatherKernel::kPairs : GatherKernel::kGemv;
 }
 
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec) {
@@ -73,15 +92,23 @@ Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec) {
   return l;
 }
 
+Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec) {
+  Launch l;
+  l.func = gemv_func_of_problem(g, true, vec);
+  const int64_t gx = (g.mm.n + kWarps - 1) / kWarps;
+  if (gx > 0x7FFFFFFF) throw std::runtime_error("[GatherW4A16Matmul] CUDA backend: N too large");
+  l.grid = dim3(static_cast<unsigned>(gx), grid_dim(g.pairs, 65535), 1);  // the kernel loops over the rest
+  l.block = dim3(kWarps * 32, 1, 1);
+  return l;
+}
+
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec) {
   Launch l;
-  l.func = g.mm.mode == fp4::kModeMxfp4 ? gemv_func_of_dtype<fp4::kModeMxfp4>(g.mm.x_dtype, vec)
-                                        : gemv_func_of_dtype<fp4::kModeNvfp4>(g.mm.x_dtype, vec);
+  l.func = gemv_func_of_problem(g, false, vec);
   const int64_t gx = (g.mm.n + kWarps - 1) / kWarps;
-  int64_t slots = g.pairs < g.experts ? g.pairs : g.experts;  // active experts <= both
-  slots = slots < 1 ? 1 : (slots > 65535 ? 65535 : slots);     // the kernel loops over the rest
   if (gx > 0x7FFFFFFF) throw std::runtime_error("[GatherW4A16Matmul] CUDA backend: N too large");
-  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(slots), 1);
+  // Active experts <= both pairs and experts; the kernel loops over the rest.
+  l.grid = dim3(static_cast<unsigned>(gx), grid_dim(g.pairs < g.experts ? g.pairs : g.experts, 65535), 1);
   l.block = dim3(kWarps * 32, 1, 1);
   return l;
 }

@@ -15,7 +15,7 @@ using fp4::cuda_tiling::kMmaRows;
 using fp4::cuda_tiling::kStepK;
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherArgs a) {
+__global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_kernel(const GatherArgs a) {
   constexpr int MT = kTcColTiles;
   constexpr int RT = kTcRowTiles;
   const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs);
@@ -64,20 +64,23 @@ __global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherAr
   float acc[RT][MT][4];
   zero_acc<MT, RT>(acc);
 
-  for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t kb = s * kStepK + t * kLaneK;  // this lane's first k
-    const int64_t b0 = kb / 2;
-    const int64_t blk0 = kb / fp4::kBlockSize;
+  // A step's weight words and scale bytes; those of step s + 1 are loaded while step s computes
+  // (without it each warp waited a full memory latency per step).
+  struct Frag {
+    uint32_t w[RT][2][4];
+    uint32_t sc[RT][2][2];
+  };
+  auto load_frag = [&](int64_t s, Frag& f) {
+    const int64_t b0 = (s * kStepK + t * kLaneK) / 2;
+    const int64_t blk0 = (s * kStepK + t * kLaneK) / fp4::kBlockSize;
     const bool full = kVec && (s * kStepK + kStepK <= K);
-    uint32_t wv[RT][2][4];
-    uint32_t sp[RT][2][2];
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (full) {
           const uint4 u = load_stream16(wrow[rt][h] + b0);
-          wv[rt][h][0] = u.x, wv[rt][h][1] = u.y, wv[rt][h][2] = u.z, wv[rt][h][3] = u.w;
+          f.w[rt][h][0] = u.x, f.w[rt][h][1] = u.y, f.w[rt][h][2] = u.z, f.w[rt][h][3] = u.w;
         } else {
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -87,14 +90,23 @@ __global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherAr
               const int64_t b = b0 + 4 * q + i;
               word |= (b < kbytes ? uint32_t(__ldg(wrow[rt][h] + b)) : 0u) << (8 * i);
             }
-            wv[rt][h][q] = word;
+            f.w[rt][h][q] = word;
           }
         }
 #pragma unroll
-        for (int bk = 0; bk < 2; ++bk) {
-          sp[rt][h][bk] = s_scale[blk0 + bk < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + bk)) : 0u];
-        }
+        for (int bk = 0; bk < 2; ++bk) f.sc[rt][h][bk] = blk0 + bk < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + bk)) : 0u;
       }
+  };
+  auto compute = [&](int64_t s, const Frag& f) {
+    const int64_t kb = s * kStepK + t * kLaneK;  // this lane's first k
+    const bool full = kVec && (s * kStepK + kStepK <= K);
+    uint32_t sp[RT][2][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int bk = 0; bk < 2; ++bk) sp[rt][h][bk] = s_scale[f.sc[rt][h][bk]];
     uint4 X[MT][4];
 #pragma unroll
     for (int j = 0; j < MT; ++j)
@@ -113,7 +125,18 @@ __global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherAr
           X[j][q] = make_uint4(r[0], r[1], r[2], r[3]);
         }
       }
-    tc_step<T, MT, RT>(acc, wv, sp, X);
+    tc_step<T, MT, RT>(acc, f.w, sp, X);
+  };
+  if (s_begin < s_end) {
+    Frag cur;
+    load_frag(s_begin, cur);
+#pragma unroll 1
+    for (int64_t s = s_begin; s < s_end; ++s) {
+      Frag nxt;
+      if (s + 1 < s_end) load_frag(s + 1, nxt);
+      compute(s, cur);
+      cur = nxt;
+    }
   }
 
   // Cross-warp reduction in a fixed order, then multiplier, chain and store at the pair's row.

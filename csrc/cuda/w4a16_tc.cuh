@@ -1,4 +1,5 @@
-// Tensor-core kernel with one step of register prefetch (any K; guarded loads when not kVec).
+// Tensor-core kernel with one step of register prefetch (any K; guarded loads when not kVec), for
+// either scale format.
 // Included by w4a16_matmul.cu only.
 #pragma once
 #include "w4a16_device.cuh"
@@ -9,14 +10,16 @@ namespace {
 
 using namespace fp4::cuda_tiling;
 
-template <typename T, int MT, int RT>
+template <typename T, int MT, int RT, int Mode>
 struct TcFrag {
-  uint32_t w[RT][2][4];   // [row tile][row g / g+8][word]
-  uint32_t sc[RT][2][2];  // scale bytes [row tile][row][block of 16]
+  uint32_t w[RT][2][4];                       // [row tile][row g / g+8][word]
+  uint32_t sc[RT][2][TcLane<Mode>::kScales];  // scale bytes [row tile][row][block]
 };
 
-template <typename T, int MT, int RT, bool kVec>
+// Mode: fp4::Mode (TcLane: where a lane's k values and scale blocks lie).
+template <typename T, int MT, int RT, bool kVec, int Mode>
 __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const W4A16Args a) {
+  using Lane = TcLane<Mode>;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
@@ -48,8 +51,8 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
     xrow[j] = static_cast<const T*>(a.x) + m * K;
   }
 
-  __shared__ uint32_t s_scale[256];
-  fill_scale_table<T>(s_scale);
+  __shared__ uint32_t s_scale[kScaleTableSize];
+  fill_scale_table<T, Mode>(s_scale);
 
   const int64_t nsteps = (K + kStepK - 1) / kStepK;
   int64_t s_begin, s_end;
@@ -58,65 +61,73 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
   float acc[RT][MT][4];
   zero_acc<MT, RT>(acc);
 
-  auto load_frag = [&](int64_t s, TcFrag<T, MT, RT>& f) {
-    const int64_t kb = s * kStepK + t * kLaneK;  // first k of this lane
-    const int64_t b0 = kb / 2;                   // first byte
-    const int64_t blk0 = kb / fp4::kBlockSize;   // first scale block
+  auto load_frag = [&](int64_t s, TcFrag<T, MT, RT, Mode>& f) {
+    const int64_t kb = s * kStepK + Lane::k0(t);  // k of this lane's word 0
+    const int64_t b0 = kb / 2;                    // its first byte
+    const int64_t blk0 = Lane::block0(s, t);      // first scale block
     const bool full = kVec && (s * kStepK + kStepK <= K);
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (full) {
-          const uint4 v = load_stream16(wrow[rt][h] + b0);
-          f.w[rt][h][0] = v.x;
-          f.w[rt][h][1] = v.y;
-          f.w[rt][h][2] = v.z;
-          f.w[rt][h][3] = v.w;
-          f.sc[rt][h][0] = __ldg(srow[rt][h] + blk0);
-          f.sc[rt][h][1] = __ldg(srow[rt][h] + blk0 + 1);
+          if constexpr (Lane::kMx) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) f.w[rt][h][q] = load_stream4(wrow[rt][h] + b0 + q * (Lane::kQStride / 2));
+          } else {
+            const uint4 v = load_stream16(wrow[rt][h] + b0);
+            f.w[rt][h][0] = v.x;
+            f.w[rt][h][1] = v.y;
+            f.w[rt][h][2] = v.z;
+            f.w[rt][h][3] = v.w;
+          }
+#pragma unroll
+          for (int b = 0; b < Lane::kScales; ++b) f.sc[rt][h][b] = __ldg(srow[rt][h] + blk0 + b);
         } else {
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             uint32_t word = 0;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              const int64_t b = b0 + 4 * q + i;
+              const int64_t b = b0 + q * (Lane::kQStride / 2) + i;
               const uint32_t byte = b < kbytes ? uint32_t(__ldg(wrow[rt][h] + b)) : 0u;
               word |= byte << (8 * i);
             }
             f.w[rt][h][q] = word;
           }
-          f.sc[rt][h][0] = blk0 < srb ? uint32_t(__ldg(srow[rt][h] + blk0)) : 0u;
-          f.sc[rt][h][1] = blk0 + 1 < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + 1)) : 0u;
+#pragma unroll
+          for (int b = 0; b < Lane::kScales; ++b) {
+            f.sc[rt][h][b] = blk0 + b < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + b)) : 0u;
+          }
         }
       }
     }
   };
 
-  auto compute = [&](int64_t s, const TcFrag<T, MT, RT>& f) {
-    const int64_t kb = s * kStepK + t * kLaneK;
+  auto compute = [&](int64_t s, const TcFrag<T, MT, RT, Mode>& f) {
+    const int64_t kb = s * kStepK + Lane::k0(t);
     const bool full = kVec && (s * kStepK + kStepK <= K);
-    uint32_t sp[RT][2][2];  // bf16x2 / f16x2 block scales [row tile][row][block]
+    uint32_t sp[RT][2][Lane::kScales];  // block scales from the table [row tile][row][block]
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+        for (int b = 0; b < Lane::kScales; ++b)
           sp[rt][h][b] = s_scale[f.sc[rt][h][b]];
     uint4 X[MT][4];
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
+        const int64_t kq = kb + q * Lane::kQStride;
         if (full) {
-          X[j][q] = load_cached16(xrow[j] + kb + 8 * q);
+          X[j][q] = load_cached16(xrow[j] + kq);
         } else {
           uint32_t r[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int64_t k0 = kb + 8 * q + 2 * e;
+            const int64_t k0 = kq + 2 * e;
             const uint16_t* xp = reinterpret_cast<const uint16_t*>(xrow[j]);
             const uint32_t lo = k0 < K ? uint32_t(xp[k0]) : 0u;
             const uint32_t hi = k0 + 1 < K ? uint32_t(xp[k0 + 1]) : 0u;
@@ -125,18 +136,18 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
           X[j][q] = make_uint4(r[0], r[1], r[2], r[3]);
         }
       }
-    tc_step<T, MT, RT>(acc, f.w, sp, X);
+    tc_step<T, MT, RT, Mode>(acc, f.w, sp, X);
   };
 
   // Weights of step s+1 are loaded while step s is computed; the L2::256B hint of the loads
   // already brings the next steps of each row into L2. The step loop stays rolled: the unrolled
   // body is large and instruction-cache misses were the main stall (ncu) with three copies of it.
   if (s_begin < s_end) {
-    TcFrag<T, MT, RT> cur;
+    TcFrag<T, MT, RT, Mode> cur;
     load_frag(s_begin, cur);
 #pragma unroll 1
     for (int64_t s = s_begin; s < s_end; ++s) {
-      TcFrag<T, MT, RT> nxt;
+      TcFrag<T, MT, RT, Mode> nxt;
       if (s + 1 < s_end) load_frag(s + 1, nxt);
       compute(s, cur);
       cur = nxt;
@@ -144,7 +155,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
   }
 
   __shared__ float red[kMaxWarpsPerBlock * RT * MT * 4 * 32];
-  tc_reduce_store<MT, RT>(a, acc, red, m_base, n_base);
+  tc_reduce_store<MT, RT>(a, acc, red, m_base, n_base, tc_acc_scale(Mode));
 }
 
 }  // namespace

@@ -7,7 +7,8 @@ namespace fp4 {
 namespace cuda_gather_tiling {
 
 enum : int {
-  // Plan kernel: one block groups the pairs by expert (counting sort in global memory).
+  // Plan kernel: one block groups the pairs by expert (counting sort: counts in global memory,
+  // the scans over experts as block-wide scans, so no thread walks all experts alone).
   kPlanThreads = 1024,
   // GEMV kernel: one warp per weight row of one expert, kRowsPerPass rows of x per pass over it
   // (the row stays in L1/L2 between passes), kWarps weight rows per block.
@@ -18,10 +19,20 @@ enum : int {
   kTcColTiles = 4,
   kTcRowTiles = 2,
   kTcWarps = 4,
+  // Resident blocks per SM asked of the compiler: at 255 registers only 2 fit (8 warps per SM,
+  // 12% occupancy in ncu at 512 tokens), too few to hide the loads.
+  kTcMinBlocksPerSm = 3,
   kTcTileRows = kTcColTiles * 8,
   // Tensor cores when the pairs give at least this many rows of x per expert on average.
   kTcMinRowsPerExpert = 8,
+  // Decode without a plan: one GEMV block row per (pair, weight-row tile), each pair's expert read
+  // directly (a repeated expert comes from L2), when there are at most this many rows of x in all.
+  kPairsMaxRows = 64,
 };
+
+// The kernels of one gathered call: the plan-free pair GEMV, or the plan and then the grouped
+// GEMV or the grouped tensor-core kernel.
+enum class GatherKernel : int { kPairs = 0, kGemv = 1, kTc = 2 };
 
 // Upper bound of the tensor-core tiles: every active expert's rows in tiles of kTcTileRows.
 FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows) {
