@@ -152,21 +152,22 @@ def _sharded_vs_unsharded(group, model, fuse, mode="nvfp4"):
     return ref, out
 
 
-def _both_orders(group, build):
-    """(a, b, ref, out): ``a`` converted with global scales then shard_model-ed, ``b`` sharded by
-    plain model.shard() (float) then mlx_fp4.distributed.quantize-d; ref = a's unsharded logits,
-    out = b's. Asserts that a and b give the same logits."""
+def _both_orders(group, build, mode="nvfp4"):
+    """(a, b, ref, out): ``a`` converted (nvfp4: with global scales) then shard_model-ed, ``b``
+    sharded by plain model.shard() (float) then mlx_fp4.distributed.quantize-d; ref = a's unsharded
+    logits, out = b's. Asserts that a and b give the same logits."""
     from mlx_fp4 import distributed as D
     from mlx_fp4 import nn as fnn
 
+    gs = mode == "nvfp4"
     tokens = mx.array(TOKENS)
     a = build(mx.float32)
-    fnn.quantize(a, global_scale=True, progress=False)
+    fnn.quantize(a, mode=mode, global_scale=gs, progress=False)
     ref = a(tokens)
     D.shard_model(a, group)
     b = build(mx.float32)
     b.shard(group)  # plain mlx-lm / MLX sharding of the float model
-    D.quantize(b, global_scale=True, progress=False, group=group)  # collective (max of the amaxes)
+    D.quantize(b, mode=mode, global_scale=gs, progress=False, group=group)  # collective (max of the amaxes)
     out, out_a = b(tokens), a(tokens)
     mx.eval(ref, out, out_a)
     assert mx.array_equal(out, out_a).item(), "same bytes must give the same logits"

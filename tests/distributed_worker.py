@@ -30,7 +30,9 @@ from distributed_helpers import (
 from distributed_worker_moe import (
     _check_moe_model, check_moe_errors, check_moe_shard_then_convert, check_switch_shard_inplace,
 )
-from distributed_worker_mxfp4 import check_mxfp4_k_block_errors, check_mxfp4_layers, check_mxfp4_model
+from distributed_worker_mxfp4 import (
+    check_mxfp4_k_block_errors, check_mxfp4_layers, check_mxfp4_model, check_mxfp4_shard_then_convert,
+)
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
 STATE = {"rank": None, "initialized": False, "checks": {}}
@@ -316,6 +318,7 @@ CHECKS = [
     check_mxfp4_layers,
     check_mxfp4_k_block_errors,
     check_mxfp4_model,
+    check_mxfp4_shard_then_convert,
 ]
 
 

@@ -8,8 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from distributed_helpers import (
-    _check_against_table, _compare_logits, _expect_value_error, _fp4_linear, _pieces, _sharded_vs_unsharded, _tiny_llama,
-    _x,
+    _both_orders, _check_against_table, _compare_logits, _expect_value_error, _fp4_linear, _pieces,
+    _sharded_vs_unsharded, _tiny_llama, _x,
 )
 
 MODE = "mxfp4"
@@ -92,3 +92,23 @@ def check_mxfp4_model(group):
     assert type(layer.mlp.down_proj) is D.FP4ShardedToAllLinear
     assert layer.mlp.down_proj.mode == MODE and layer.self_attn.o_proj.mode == MODE
     return _compare_logits(ref, out, mx.float32, "llama mxfp4")
+
+
+def check_mxfp4_shard_then_convert(group):
+    """Plain model.shard() of the float model, then mlx_fp4.distributed.quantize(mode="mxfp4"):
+    the bytes of convert-then-shard_model (blocks never straddle a 32-aligned split) and the same
+    logits."""
+    from mlx_fp4 import distributed as D
+
+    a, b, ref, out = _both_orders(group, _tiny_llama, mode=MODE)
+    mods_a = dict(a.named_modules())
+    n_checked = 0
+    for path, m in b.named_modules():
+        if isinstance(m, (D.FP4AllToShardedLinear, D.FP4ShardedToAllLinear)):
+            ma = mods_a[path]
+            assert type(ma) is type(m) and m.mode == MODE, path
+            for key in ("weight", "scales", "bias"):
+                assert mx.array_equal(ma[key], m[key]).item(), f"{path}.{key} differs"
+            n_checked += 1
+    assert n_checked == 2 * 7, n_checked
+    return f"{n_checked} sharded mxfp4 layers bit-identical; " + _compare_logits(ref, out, mx.float32, "mxfp4 shard-then-convert")

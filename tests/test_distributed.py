@@ -45,6 +45,7 @@ CHECKS = [
     "mxfp4_layers",
     "mxfp4_k_block_errors",
     "mxfp4_model",
+    "mxfp4_shard_then_convert",
 ]
 
 
@@ -266,3 +267,7 @@ def test_mxfp4_k_off_32_blocks_raises_on_every_rank(ranks):
 
 def test_sharded_mxfp4_llama_logits_match_unsharded(ranks):
     _assert_ok(ranks, "mxfp4_model")
+
+
+def test_mxfp4_shard_first_then_convert(ranks):
+    _assert_ok(ranks, "mxfp4_shard_then_convert")

@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from . import convert, ops
 from .convert import global_scales, progress_bar
-from .formats import BITS, GROUP_SIZE, MODE, MODE_DEFAULTS
+from .formats import BITS, MODE, MODE_DEFAULTS, check_config, check_no_global_scale
 from .layers import FP4AllToShardedLinear, FP4Linear, FP4ShardedToAllLinear, is_fp4_linear
 from .layers.sharded import (
     Segments,
@@ -379,7 +379,7 @@ def group_max(local: mx.array, group: mx.distributed.Group) -> mx.array:
     return mx.max(mx.distributed.all_sum(rows, group=group), axis=0)
 
 
-def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
+def _switch_shards(model, class_predicate, global_scale, group, where, mode=MODE) -> None:
     """The experts of a model sharded first, before convert.quantize: mlx-lm's plan split them in
     place (type unchanged), so each rank holds row or K slices of every expert. Without a global
     scale convert.quantize's per-shard quantization is already the sliced bytes (blocks never
@@ -402,7 +402,7 @@ def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
         if sel is False or sel is None:
             continue
         opts = sel if isinstance(sel, dict) else {}
-        if opts.get("mode", MODE) != MODE:
+        if opts.get("mode", mode) != MODE:
             continue  # no global scale outside nvfp4: convert.quantize's per-shard bytes are exact
         gs = opts.get("global_scale", global_scale)
         if not isinstance(gs, bool):
@@ -427,6 +427,7 @@ def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
 def quantize(
     model: nn.Module,
     *,
+    mode: str = MODE,
     class_predicate=None,
     global_scale: bool = False,
     progress: bool = True,
@@ -437,9 +438,9 @@ def quantize(
     MLX's sharded layers become FP4 sharded layers:
     ``AllToShardedLinear``/``ShardedToAllLinear`` (float) are quantized shard by
     shard; nvfp4 ``QuantizedAllToShardedLinear``/``QuantizedShardedToAllLinear``
-    are wrapped without copying bytes. Then :func:`mlx_fp4.nn.quantize` converts
-    the remaining (unsharded) linears. ``class_predicate(path, module)`` and
-    ``global_scale`` as in :func:`mlx_fp4.nn.quantize`.
+    are wrapped without copying bytes (mxfp4 ones too). Then :func:`mlx_fp4.nn.quantize` converts
+    the remaining (unsharded) linears. ``mode`` (``"nvfp4"`` or ``"mxfp4"``, no global scale),
+    ``class_predicate(path, module)`` and ``global_scale`` as in :func:`mlx_fp4.nn.quantize`.
 
     The result equals converting first and sharding after, bit for bit, when
     the earlier split of K was on 16-element boundaries: blocks never straddle
@@ -464,13 +465,17 @@ def quantize(
         sel = True if class_predicate is None else class_predicate(path, m)
         if sel is False or sel is None:
             continue
-        opts = {"global_scale": global_scale, **(sel if isinstance(sel, dict) else {})}
-        for key, want in (("group_size", GROUP_SIZE), ("bits", BITS), ("mode", MODE)):
-            if key in opts and opts.pop(key) not in (None, want):
-                raise ValueError(f"[{where}] {path}: only nvfp4 (16/4/'nvfp4') is supported.")
+        opts = {"global_scale": global_scale, "mode": mode, **(sel if isinstance(sel, dict) else {})}
+        layer_mode = kind if kind in MODE_DEFAULTS else opts["mode"]  # MLX's quantized: its bytes
+        group_size, _ = check_config(opts.pop("group_size", None), opts.pop("bits", None), opts.pop("mode"),
+                                     f"{where}: {path}")
+        if kind in MODE_DEFAULTS:
+            group_size = MODE_DEFAULTS[kind][0]
         gs = opts.pop("global_scale")
         if not isinstance(gs, bool):
             raise ValueError(f"[{where}] {path}: global_scale expected True or False but got {gs!r}.")
+        if kind == "float":
+            check_no_global_scale(layer_mode, gs, f"{where}: {path}")
         if opts:
             raise ValueError(f"[{where}] unknown options for {path}: {sorted(opts)}.")
         sharding = (
@@ -480,17 +485,17 @@ def quantize(
         )
         if kind == "float":
             k = m.weight.shape[-1]
-            if k % GROUP_SIZE:
+            if k % group_size:
                 raise ValueError(
                     f"[{where}] {path}: the local K slice has {k} elements, not a multiple of "
-                    f"16 (NVFP4 blocks); shard on 16-element block boundaries."
+                    f"{group_size} ({layer_mode} blocks); shard on {group_size}-element block boundaries."
                 )
-        todo.append((path, m, kind, sharding, gs))
+        todo.append((path, m, kind, sharding, gs, layer_mode))
 
     # One collective per group for all global scales (batched; same order on every rank).
     amax = {}
     by_group = {}
-    for path, m, kind, sharding, gs in todo:
+    for path, m, kind, sharding, gs, _ in todo:
         if kind == "float" and gs:
             by_group.setdefault(id(m.group), (m.group, []))[1].append(path)
     mods = {p: m for p, m, *_ in todo}
@@ -503,7 +508,7 @@ def quantize(
 
     it = progress_bar(todo, "mlx_fp4: quantizing shards", progress)
     converted = []
-    for path, m, kind, sharding, gs in it:
+    for path, m, kind, sharding, gs, layer_mode in it:
         cls = _CLASSES[sharding]
         if kind in MODE_DEFAULTS:  # MLX's nvfp4 / mxfp4 sharded layer: same bytes
             new = cls._blank(m.group, None, kind)
@@ -512,8 +517,8 @@ def quantize(
             w = m.weight
             # With a global scale: the amax of the whole (group-wide) tensor, as unsharded.
             g = amax[path] if gs else None
-            packed, scales = ops.quantize(w) if g is None else ops.quantize(w, global_scale=g)
-            new = cls._blank(m.group, g)
+            packed, scales = ops.quantize(w, mode=layer_mode) if g is None else ops.quantize(w, global_scale=g)
+            new = cls._blank(m.group, g, layer_mode)
             new.weight = packed.view(mx.uint32)
             new.scales = scales
         if "bias" in m:
@@ -524,6 +529,6 @@ def quantize(
     if converted:
         model.update_modules(tree_unflatten(converted))
 
-    _switch_shards(model, class_predicate, global_scale, group or mx.distributed.init(), where)
-    convert.quantize(model, class_predicate=class_predicate, global_scale=global_scale, progress=progress)
+    _switch_shards(model, class_predicate, global_scale, group or mx.distributed.init(), where, mode)
+    convert.quantize(model, mode=mode, class_predicate=class_predicate, global_scale=global_scale, progress=progress)
     return model
