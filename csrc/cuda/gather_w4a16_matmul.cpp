@@ -87,7 +87,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
     enc.set_output_array(out);
     // The dense staged tensor-core kernel over grid z = pairs where it takes one pair's problem
     // (bf16/fp16 x, either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
-    const cuda::W4A16Args b = batched_args(a);
+    cuda::W4A16Args b = batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
     const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
     const bool staged = half_x && cuda::staged_loads_ok(g.mm, b.x, b.w, b.scales);
     const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(enc.device().cuda_device()), true, g.pairs)
