@@ -136,24 +136,20 @@ inline float load_scale_mx(
 // Decode threads per 32-column MXFP4 block (each thread decodes kMetalDecodeCols columns).
 FP4_CONST int kMxDecodeThreads = kMxfp4BlockSize / kMetalDecodeCols;
 
-// Per-thread scale load + decode of one strip's block (the unstaged path, tiles crossing N, the K
-// tail): decode thread (dn, dblk) of the strip at column k0 loads its block's scale (E4M3 per 16
-// or E8M0 per 32 columns) and decodes into the tile bsb. FAST: the unchecked decode (whole tile
-// inside N and K).
-template <int BK, bool FAST, bool MX>
+// Per-thread scale load + decode of one block (the unstaged path, tiles crossing N, the K tail):
+// the thread loads the scale of weight row n at column kb (E4M3 per 16 or E8M0 per 32 columns)
+// and decodes the block into dst. FAST: the unchecked decode (whole tile inside N and K).
+template <bool FAST, bool MX>
 inline void decode_own_scale(
-    threadgroup typename GemmTile<MX>::T* bsb,
+    threadgroup typename GemmTile<MX>::T* dst,
     device const uchar* w,
     device const uchar* scales,
     constant W4A16MetalParams& p,
-    int n0,
-    int dn,
-    int dblk,
-    int k0) {
+    int n,
+    int kb) {
   typedef typename GemmTile<MX>::S ST;
-  const int kb = k0 + dblk * kMetalDecodeCols;
-  const ST sc = MX ? ST(load_scale_mx(scales, p, n0 + dn, kb)) : ST(load_scale(scales, p, n0 + dn, kb));
-  decode_block16<!FAST>(bsb + dn * (BK + kMetalBPad) + dblk * kMetalDecodeCols, w, p, n0 + dn, kb, sc);
+  const ST sc = MX ? ST(load_scale_mx(scales, p, n, kb)) : ST(load_scale(scales, p, n, kb));
+  decode_block16<!FAST>(dst, w, p, n, kb, sc);
 }
 
 // Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
@@ -331,6 +327,8 @@ inline void w4a16_gemm_tile(
   const int s_end = p.split_strips > 0 ? min(num_strips, s_begin + p.split_strips) : num_strips;
   const int dn = int(tid) / kTpr;    // decoded row within the tile
   const int dblk = int(tid) % kTpr;  // decoded block within the strip
+  const int dcol = dblk * kMetalDecodeCols;  // its first column within the strip
+  const int doff = dn * kLd + dcol;          // ... and its place in the tile
 
   if (STAGE) {
     using ScaleWordT = typename ScaleWord<kBlocks>::type;
@@ -358,10 +356,9 @@ inline void w4a16_gemm_tile(
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // this decode thread's block: dblk (NVFP4), dblk / 2 (MXFP4)
         const ST sc = MX ? ss[dn * kMxBlocks + dblk / kMxDecodeThreads] : ss[dn * kBlocks + dblk];
-        decode_block16<false>(bs + dn * kLd + dblk * kMetalDecodeCols, w, p, n0 + dn,
-                              k0 + dblk * kMetalDecodeCols, sc);
+        decode_block16<false>(bs + doff, w, p, n0 + dn, k0 + dcol, sc);
       } else {
-        decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, k0);
+        decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, k0 + dcol);
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       mma_strip_at<XT, BK, TT>(acc, bs, x, a, k0, p.k, s < full_strips, x_vec, fm, fn, sg_n);
@@ -371,18 +368,19 @@ inline void w4a16_gemm_tile(
     // Prologue: strip s_begin into buffer 0. Then each step decodes strip s + 1 into the other
     // buffer while the simdgroups multiply strip s; one barrier separates the steps.
     if (w_fast && s_begin < full_strips) {
-      decode_own_scale<BK, true, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);
+      decode_own_scale<true, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);
     } else {
-      decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);
+      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int s = s_begin; s < s_end; ++s) {
       if (s + 1 < s_end) {
-        threadgroup TT* bsn = bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd;
+        threadgroup TT* dst = bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd + doff;
+        const int kb = (s + 1) * BK + dcol;
         if (w_fast && s + 1 < full_strips) {
-          decode_own_scale<BK, true, MX>(bsn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
+          decode_own_scale<true, MX>(dst, w, scales, p, n0 + dn, kb);
         } else {
-          decode_own_scale<BK, false, MX>(bsn, w, scales, p, n0, dn, dblk, (s + 1) * BK);
+          decode_own_scale<false, MX>(dst, w, scales, p, n0 + dn, kb);
         }
       }
       threadgroup const TT* src = bs + ((s - s_begin) % 2) * kMetalBN * kLd;

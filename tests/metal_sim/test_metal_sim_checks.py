@@ -36,10 +36,10 @@ MUTATIONS = {
     ),
     "gemm_prologue_barrier": (
         "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_of32",
-        "      decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);\n"
+        "      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
         "    }\n"
         "    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "      decode_own_scale<BK, false, MX>(bs, w, scales, p, n0, dn, dblk, s_begin * BK);\n"
+        "      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
         "    }\n"
         "    // planted: barrier removed\n",
     ),
