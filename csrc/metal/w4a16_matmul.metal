@@ -271,7 +271,7 @@ inline void w4a16_gemm_tile(
     device const uchar* op3,
     device float* partials,
     threadgroup half4* bs4,
-    threadgroup half* ss_nv,
+    threadgroup float* ss_raw,
     uint tg_index,
     uint tid,
     uint sgid,
@@ -287,7 +287,7 @@ inline void w4a16_gemm_tile(
   static_assert(kBlocks * sizeof(half) == kMxBlocks * sizeof(float), "ss holds either mode's scales");
   typedef typename GemmTile<MX>::T TT;
   typedef typename GemmTile<MX>::S ST;
-  threadgroup ST* ss = (threadgroup ST*)ss_nv;  // staged scales of this mode
+  threadgroup ST* ss = (threadgroup ST*)ss_raw;  // staged scales of this mode
 
   // Split-K: the high bits of the index pick the K partition, the low ones the Morton tile.
   const uint log2_tiles = uint(p.log2_grid_m + p.log2_grid_n);
@@ -453,9 +453,9 @@ template <typename XT, typename OutT, int BM, int BK, bool STAGE>
     uint lane [[thread_index_in_simdgroup]]) {
   constexpr int kNumBuf = STAGE ? 1 : 2;
   // 8-byte elements so that the 4-element stores of the decode are aligned (the tile holds half
-  // or bfloat, GemmTile); ss: BN x BK / 16 halfs = BN x BK / 32 floats.
+  // or bfloat, GemmTile); ss: BN x BK / 32 floats = BN x BK / 16 halfs (float-aligned for both).
   threadgroup half4 bs4[kNumBuf * kMetalBN * (BK + kMetalBPad) / 4];
-  threadgroup half ss[STAGE ? kMetalBN * (BK / kBlockSize) : 1];
+  threadgroup float ss[STAGE ? kMetalBN * (BK / kMxfp4BlockSize) : 1];
   if (fc_gemm_mxfp4) {  // resolved at pipeline creation
     w4a16_gemm_tile<XT, OutT, BM, BK, STAGE, true>(
         x, w, scales, out, p, gscale, op0, op1, op2, op3, partials, bs4, ss, tg_index, tid, sgid,
