@@ -32,9 +32,8 @@ struct GatherArgs {
 using fp4::cuda_gather_tiling::GatherKernel;
 
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
-// The plan: the grouped tensor-core kernel for bf16/fp16 x with at least kTcMinRowsPerExpert
-// rows of x per expert on average (prefill); the pair GEMV for at most kPairsMaxRows rows
-// (decode); else the grouped GEMV.
+// The plan: the pair GEMV for at most kPairsMaxRows rows of x (decode); else the plan kernel,
+// then the grouped tensor-core kernel (bf16/fp16 x, NVFP4) or the grouped GEMV.
 GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
 // Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x, NVFP4).
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);

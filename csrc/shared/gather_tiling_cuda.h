@@ -23,8 +23,6 @@ enum : int {
   // 12% occupancy in ncu at 512 tokens), too few to hide the loads.
   kTcMinBlocksPerSm = 3,
   kTcTileRows = kTcColTiles * 8,
-  // Tensor cores when the pairs give at least this many rows of x per expert on average.
-  kTcMinRowsPerExpert = 8,
   // Decode without a plan: one GEMV block row per (pair, weight-row tile), each pair's expert read
   // directly (a repeated expert comes from L2), when there are at most this many rows of x in all.
   kPairsMaxRows = 64,
