@@ -310,6 +310,21 @@ def test_gather_sorted_prefill_uses_the_gemm(device):
     check_gather(mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=True, mode=MODE), x, w, s, rhs)
 
 
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("pairs,m,k", [(80, 1, 100), (40, 3, 288), (6, 1, 256)])
+def test_gather_half_x_tensor_core_shapes(device, dtype, pairs, m, k):
+    """Shapes the CUDA backend runs on tensor cores in MXFP4: more than 64 rows (the grouped
+    kernel, K % 32 != 0 tails too) and a few pairs with K % 128 == 0 (the batched dense kernel)."""
+    g = rng("mx-gather-tc", pairs, m, k, str(dtype))
+    e, n = 5, 40
+    w, s = mx_experts(e, n, k, g)
+    x = rand_x((pairs, m, k), dtype, g)
+    rhs = mx.array(np.sort(g.integers(0, e, size=pairs)).astype(np.uint32))
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=True, mode=MODE)
+    assert out.shape == (pairs, m, n)
+    check_gather(out, x, w, s, rhs)
+
+
 @pytest.mark.parametrize("sort", [False, True])
 def test_gather_vs_mx_gather_qmm(device, sort):
     g = rng("mx-gqmm", sort)

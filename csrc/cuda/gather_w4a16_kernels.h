@@ -33,9 +33,9 @@ using fp4::cuda_gather_tiling::GatherKernel;
 
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
 // The plan: the pair GEMV for at most kPairsMaxRows rows of x (decode); else the plan kernel,
-// then the grouped tensor-core kernel (bf16/fp16 x, NVFP4) or the grouped GEMV.
+// then the grouped tensor-core kernel (bf16/fp16 x, either mode) or the grouped GEMV.
 GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
-// Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x, NVFP4).
+// Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x).
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
 // vec: 16-byte loads of weight and x rows (vector_loads_ok on g.mm and the base pointers).
 Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec);
