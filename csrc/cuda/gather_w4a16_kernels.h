@@ -42,5 +42,26 @@ Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
 
+// The pair GEMV as a batch of dense products for the staged tensor-core kernel
+// (W4A16Args::batch_*, tc_batched_launch): one product per pair, grid z.
+inline W4A16Args batched_args(const GatherArgs& a) {
+  W4A16Args b{};
+  b.x = a.x;
+  b.w = a.w;
+  b.scales = a.scales;
+  b.global_scale = a.multiplier;
+  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
+  b.out = a.out;
+  b.p = a.g.mm;
+  b.batch_lhs = a.lhs;
+  b.batch_rhs = a.rhs;
+  b.batch_x_matrices = a.g.x_batches;
+  b.batch_experts = a.g.experts;
+  b.w_batch_bytes = a.g.w_expert_bytes;
+  b.scale_batch_bytes = a.g.scale_expert_bytes;
+  b.multiplier_per_expert = a.g.multiplier_per_expert;
+  return b;
+}
+
 }  // namespace cuda
 }  // namespace mlx_fp4

@@ -38,26 +38,6 @@ bool pairs_simt_forced() {
   return env && std::string(env) == "simt";
 }
 
-// The pair GEMV as a batch of dense products for the staged kernel (W4A16Args::batch_*).
-cuda::W4A16Args batched_args(const cuda::GatherArgs& a) {
-  cuda::W4A16Args b{};
-  b.x = a.x;
-  b.w = a.w;
-  b.scales = a.scales;
-  b.global_scale = a.multiplier;
-  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
-  b.out = a.out;
-  b.p = a.g.mm;
-  b.batch_lhs = a.lhs;
-  b.batch_rhs = a.rhs;
-  b.batch_x_matrices = a.g.x_batches;
-  b.batch_experts = a.g.experts;
-  b.w_batch_bytes = a.g.w_expert_bytes;
-  b.scale_batch_bytes = a.g.scale_expert_bytes;
-  b.multiplier_per_expert = a.g.multiplier_per_expert;
-  return b;
-}
-
 }  // namespace
 
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -87,7 +67,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
     enc.set_output_array(out);
     // The dense staged tensor-core kernel over grid z = pairs where it takes one pair's problem
     // (bf16/fp16 x, either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
-    cuda::W4A16Args b = batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
+    cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
     const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
     const bool staged = half_x && cuda::staged_loads_ok(g.mm, b.x, b.w, b.scales);
     const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(enc.device().cuda_device()), true, g.pairs)
