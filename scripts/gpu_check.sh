@@ -92,24 +92,33 @@ assert err < 0.05 * mx.abs(r.astype(mx.float32)).max().item() + 1e-3
 EOF
 }
 
+# The extension build's object of w4a16_matmul.cu when it is newer than the sources, else the source.
+dense_kernels_obj() {
+  local newest kobj
+  newest="$(ls -t csrc/cuda/* csrc/shared/* | head -1)"
+  kobj="$(find build/gpu -name 'w4a16_matmul.cu.o' 2>/dev/null | head -1)"
+  if [ -n "$kobj" ] && [ "$kobj" -nt "$newest" ]; then echo "$kobj"; else echo csrc/cuda/w4a16_matmul.cu; fi
+}
+
+# cuBLASLt link flags: the toolkit's, else the nvidia-cublas wheel's (the copy libmlx loads).
+cublaslt_flags() {
+  local nv
+  if [ ! -e /usr/local/cuda/lib64/libcublasLt.so ]; then
+    nv="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)/cu13/lib"
+    [ -e "$nv/libcublasLt.so.13" ] && { echo "-L$nv -Xlinker -rpath -Xlinker $nv -l:libcublasLt.so.13"; return; }
+  fi
+  echo "-lcublasLt"
+}
+
 build_harness() {
   # The kernels live in csrc/cuda/*.cuh (one translation unit) and read csrc/shared/*.h.
   local newest
   newest="$(ls -t csrc/cuda/* csrc/shared/* | head -1)"
   [ -x build/gpu/kernel_harness ] && [ build/gpu/kernel_harness -nt "$newest" ] && return 0
   mkdir -p build/gpu
-  # Reuse the kernels object of the extension build when there is one (same source, same flags).
-  local kobj
-  kobj="$(find build/gpu -name 'w4a16_matmul.cu.o' 2>/dev/null | head -1)"
-  [ -n "$kobj" ] && [ "$kobj" -nt "$newest" ] || kobj=csrc/cuda/w4a16_matmul.cu
-  # cuBLASLt: the toolkit's, else the nvidia-cublas wheel's (the copy libmlx loads).
-  local lt=(-lcublasLt) nv
-  if [ ! -e /usr/local/cuda/lib64/libcublasLt.so ]; then
-    nv="$("$PY" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)/cu13/lib"
-    [ -e "$nv/libcublasLt.so.13" ] && lt=(-L"$nv" -Xlinker -rpath -Xlinker "$nv" -l:libcublasLt.so.13)
-  fi
-  nvcc -O3 -std=c++17 "${HARNESS_ARCH[@]}" -Icsrc csrc/cuda/kernel_harness.cu "$kobj" csrc/cuda/w4a16_cublas.cpp \
-    "${lt[@]}" -lcuda -o build/gpu/kernel_harness
+  # shellcheck disable=SC2046
+  nvcc -O3 -std=c++17 "${HARNESS_ARCH[@]}" -Icsrc csrc/cuda/kernel_harness.cu "$(dense_kernels_obj)" \
+    csrc/cuda/w4a16_cublas.cpp $(cublaslt_flags) -lcuda -o build/gpu/kernel_harness
 }
 
 step_harness() { build_harness && build/gpu/kernel_harness check; }
@@ -126,16 +135,16 @@ step_tests() {
       # One pytest per file, so that a crash in one file does not hide the others; --capture=sys
       # leaves file descriptor 2 alone, so a C++ abort message (terminate, CUDA) reaches the log.
       for f in tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_transforms.py tests/test_errors.py \
-               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py; do
+               tests/test_linkage.py tests/test_adversarial.py tests/test_properties.py tests/test_mxfp4.py; do
         "$PY" -m pytest -v -p no:cacheprovider --capture=sys --tb=line -rf "$f" || rc=1
       done
     elif [ "$path" = tc-unstaged ]; then
       # The register-prefetch tensor-core kernel (the staged kernel's fallback), forced everywhere.
       MLX_FP4_CUDA_PATH=tc MLX_FP4_CUDA_STAGED=0 "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
-        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+        tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_mxfp4.py || rc=1
     else
       MLX_FP4_CUDA_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf \
-        tests/test_w4a16_matmul.py tests/test_epilogue.py || rc=1
+        tests/test_w4a16_matmul.py tests/test_epilogue.py tests/test_mxfp4.py || rc=1
     fi
   done
   return $rc
@@ -148,8 +157,11 @@ step_moe() {
   # The kernel harness (no MLX): checks, then kernel time vs a load-only read of the same experts.
   kobj="$(find build/gpu -name 'gather_w4a16_matmul.cu.o' 2>/dev/null | head -1)"
   [ -n "$kobj" ] || kobj=csrc/cuda/gather_w4a16_matmul.cu
-  nvcc -O3 -std=c++17 -arch="sm_$SM" -Icsrc csrc/cuda/gather_kernel_harness.cu "$kobj" -lcuda \
-    -o build/gpu/gather_kernel_harness && build/gpu/gather_kernel_harness check bench || rc=1
+  # The dense kernels too: the pair GEMV's batched staged tensor-core kernel lives there.
+  # shellcheck disable=SC2046
+  nvcc -O3 -std=c++17 "${HARNESS_ARCH[@]}" -Icsrc csrc/cuda/gather_kernel_harness.cu "$kobj" "$(dense_kernels_obj)" \
+    csrc/cuda/w4a16_cublas.cpp $(cublaslt_flags) -lcuda -o build/gpu/gather_kernel_harness &&
+    build/gpu/gather_kernel_harness check bench || rc=1
   export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
   "$PY" -m pytest -q -p no:cacheprovider --capture=sys --tb=short -rf tests/test_gather.py \
     tests/test_gather_transforms.py tests/test_moe_e2e.py || rc=1
@@ -157,6 +169,9 @@ step_moe() {
     echo "== MLX_FP4_CUDA_GATHER_PATH=$path"
     MLX_FP4_CUDA_GATHER_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_gather.py || rc=1
   done
+  echo "== MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=simt"
+  MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=simt "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf \
+    tests/test_gather.py || rc=1
   "$PY" -m mlx_fp4.bench moe --device gpu ${BENCH_MOE_ARGS:---budget 5 --repeats 10} --out "$OUT/moe" || rc=1
   return $rc
 }

@@ -18,16 +18,27 @@ MODEL_TOL = {mx.float32: 2.0**7 * 2.0**-24, mx.bfloat16: 8 * 2.0**-8}
 
 
 # --------------------------------------------------------------------------- helpers
-def _fp4_linear(k, n, *, bias=True, dtype=mx.float32, seed=0):
+def _fp4_linear(k, n, *, bias=True, dtype=mx.float32, seed=0, mode="nvfp4"):
+    """An FP4Linear of a random float layer: nvfp4 with a global scale, or mxfp4 (none)."""
     import common
     from mlx_fp4.nn import FP4Linear
 
-    g = common.rng("dist-linear", k, n, bias, seed)
+    g = common.rng("dist-linear", k, n, bias, seed, *(() if mode == "nvfp4" else (mode,)))
     lin = nn.Linear(k, n, bias=bias)
     lin.weight = mx.array(common.rand_float_weights(n, k, g, scale=1.0 / np.sqrt(k)))
     if bias:
         lin.bias = mx.array(g.standard_normal(n).astype(np.float32)).astype(dtype)
-    return FP4Linear.from_linear(lin, global_scale=True)
+    return FP4Linear.from_linear(lin, mode=mode, global_scale=mode == "nvfp4")
+
+
+def _expect_value_error(msgs, name, fn):
+    """Runs fn, which must raise ValueError; its message goes to msgs[name]."""
+    try:
+        fn()
+    except ValueError as e:
+        msgs[name] = str(e)
+        return
+    raise AssertionError(f"{name}: no ValueError")
 
 
 def _x(m, k, dtype, seed=0):
@@ -61,9 +72,10 @@ def _check_against_table(out, x, layer, *, rows=None, extra_epilogue=()):
         x,
         mx.array(w),
         mx.array(s),
-        global_scale=layer.global_scale,
+        global_scale=layer.get("global_scale"),
         epilogue=epi or None,
         out_dtype=out.dtype,
+        mode=layer.mode,
     )
 
 
@@ -122,12 +134,13 @@ def _compare_logits(ref, out, dtype, what):
     return f"{what}: max|diff|/max|logit| = {err:.3g} (tol {tol:.3g}, max|logit| {scale:.3g})"
 
 
-def _sharded_vs_unsharded(group, model, fuse):
-    """Convert with global scales (and fuse), logits, shard_model, logits again."""
+def _sharded_vs_unsharded(group, model, fuse, mode="nvfp4"):
+    """Convert (nvfp4: with global scales; mxfp4 has none) and fuse, logits, shard_model, logits
+    again."""
     from mlx_fp4 import distributed as D
     from mlx_fp4 import nn as fnn
 
-    fnn.quantize(model, global_scale=True, progress=False)
+    fnn.quantize(model, mode=mode, global_scale=mode == "nvfp4", progress=False)
     if fuse is not None:
         fuse(model)
     tokens = mx.array(TOKENS)
@@ -139,21 +152,22 @@ def _sharded_vs_unsharded(group, model, fuse):
     return ref, out
 
 
-def _both_orders(group, build):
-    """(a, b, ref, out): ``a`` converted with global scales then shard_model-ed, ``b`` sharded by
-    plain model.shard() (float) then mlx_fp4.distributed.quantize-d; ref = a's unsharded logits,
-    out = b's. Asserts that a and b give the same logits."""
+def _both_orders(group, build, mode="nvfp4"):
+    """(a, b, ref, out): ``a`` converted (nvfp4: with global scales) then shard_model-ed, ``b``
+    sharded by plain model.shard() (float) then mlx_fp4.distributed.quantize-d; ref = a's unsharded
+    logits, out = b's. Asserts that a and b give the same logits."""
     from mlx_fp4 import distributed as D
     from mlx_fp4 import nn as fnn
 
+    gs = mode == "nvfp4"
     tokens = mx.array(TOKENS)
     a = build(mx.float32)
-    fnn.quantize(a, global_scale=True, progress=False)
+    fnn.quantize(a, mode=mode, global_scale=gs, progress=False)
     ref = a(tokens)
     D.shard_model(a, group)
     b = build(mx.float32)
     b.shard(group)  # plain mlx-lm / MLX sharding of the float model
-    D.quantize(b, global_scale=True, progress=False, group=group)  # collective (max of the amaxes)
+    D.quantize(b, mode=mode, global_scale=gs, progress=False, group=group)  # collective (max of the amaxes)
     out, out_a = b(tokens), a(tokens)
     mx.eval(ref, out, out_a)
     assert mx.array_equal(out, out_a).item(), "same bytes must give the same logits"

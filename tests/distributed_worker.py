@@ -24,11 +24,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from distributed_helpers import (
-    TOKENS, _both_orders, _check_against_table, _compare_logits, _fp4_linear, _pieces, _sharded_vs_unsharded,
-    _tiny_llama, _x,
+    TOKENS, _both_orders, _check_against_table, _compare_logits, _expect_value_error, _fp4_linear, _pieces,
+    _sharded_vs_unsharded, _tiny_llama, _x,
 )
 from distributed_worker_moe import (
     _check_moe_model, check_moe_errors, check_moe_shard_then_convert, check_switch_shard_inplace,
+)
+from distributed_worker_mxfp4 import (
+    check_mxfp4_k_block_errors, check_mxfp4_layers, check_mxfp4_model, check_mxfp4_shard_then_convert,
 )
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -197,12 +200,7 @@ def check_k_block_errors(group):
     msgs = {}
 
     def expect(name, fn):
-        try:
-            fn()
-        except ValueError as e:
-            msgs[name] = str(e)
-            return
-        raise AssertionError(f"{name}: no ValueError")
+        _expect_value_error(msgs, name, fn)
 
     layer48 = _fp4_linear(48, 32)  # 48 / 2 = 24 elements per rank
     layer96 = _fp4_linear(96, 32)  # segments=2: 48 per segment, 24 per rank
@@ -317,6 +315,10 @@ CHECKS = [
     ("moe_model_bf16", lambda g: _check_moe_model(g, mx.bfloat16, fuse=True)),
     check_moe_shard_then_convert,
     check_moe_errors,
+    check_mxfp4_layers,
+    check_mxfp4_k_block_errors,
+    check_mxfp4_model,
+    check_mxfp4_shard_then_convert,
 ]
 
 

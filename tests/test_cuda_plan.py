@@ -104,35 +104,60 @@ def test_load_conditions(driver):
     assert driver("loads 4096 2064 256 1024 2048 4096")[0][:2] == ("1", "1")  # padded rows are fine
 
 
-# The wgmma kernel (sm_90a) is not measured on a GPU yet: never chosen automatically, only through
-# MLX_FP4_CUDA_PATH=wgmma, and only where its TMA copies apply and for 16-bit x.
-@pytest.mark.parametrize("m", [1, 32, 64, 128, 256, 1024, 8192])
-def test_wgmma_is_opt_in(driver, m):
-    assert plan_full(driver, 8192, 8192, m, wgmma=1)[0] != "wgmma"
-    assert plan_full(driver, 8192, 8192, m, wgmma=1, path="wgmma")[0] == "wgmma"
+# The wgmma kernel (sm_90a): automatic for 17 <= M <= 192 where its TMA copies apply (16-bit x,
+# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/cuda.md): at M = 32 it
+# beat the staged kernel on 8192^2 (24.5 vs 32.8 us), at M = 64..192 the staged kernel and
+# dequantize + cuBLASLt (8192^2 M = 128: 47.7 vs 84.7 us); at M = 256 dequantize + cuBLASLt won on
+# 14336 x 4096 (85 vs 107 us), at M = 512 on all three shapes.
+@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 96, 128, 192, 193, 256, 512, 8192])
+@pytest.mark.parametrize("shape", [(8192, 8192), (14336, 4096), (4096, 14336)], ids=lambda s: "{}x{}".format(*s))
+def test_wgmma_crossovers(driver, shape, m):
+    auto = plan_full(driver, *shape, m, wgmma=1)[0]
+    assert (auto == "wgmma") == (17 <= m <= 192)
+    assert plan_full(driver, *shape, m, wgmma=0)[0] != "wgmma"  # loads not ok or not built: never
+    assert plan_full(driver, *shape, m, wgmma=1, path="wgmma")[0] == "wgmma"
+    assert plan_full(driver, *shape, m, wgmma=1, path="dequant")[0] == "dequant"  # opt-out
+    assert plan_full(driver, *shape, m, wgmma=1, path="tc")[0] == "tc"
 
 
-def test_wgmma_override_needs_its_conditions(driver):
+def test_wgmma_needs_its_conditions(driver):
     assert plan_full(driver, 8192, 8192, 64, wgmma=0, path="wgmma")[0] == "tc"  # loads not ok: automatic
-    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", mode="mxfp4")[0] == "dequant"  # E8M0 scales
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", mode="mxfp4")[0] == "tc"  # E8M0 scales
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, mode="mxfp4")[0] == "tc"
     assert plan_full(driver, 8192, 8192, 64, "f32", wgmma=1, path="wgmma")[0] == "dequant"  # fp32 x
+    assert plan_full(driver, 8192, 8192, 64, "f32", wgmma=1)[0] == "dequant"
+    assert plan_full(driver, 8192, 8192, 64, "f16", wgmma=1)[0] == "wgmma"
 
 
-# (N, K, M) -> tile_m/splits: the narrowest x tile, then K split while the grid fits 132 SMs.
+# (N, K, M) -> tile_m/splits: the best of the H200 sweep (kernel us of the plan's pick; the
+# runner-up in brackets). Rule: most blocks within 132 SMs, splits of 1 or 2, 32-row tiles up to M = 64.
 WGMMA_TILES = {
-    (8192, 8192, 32): "32/2",     # 64 tiles x 2 = 128 blocks
-    (8192, 8192, 64): "64/2",
-    (8192, 8192, 128): "128/2",
-    (8192, 8192, 256): "128/1",   # 128 tiles already
-    (4096, 14336, 64): "64/4",    # 32 tiles x 4
-    (14336, 4096, 64): "64/1",    # 112 tiles
-    (8192, 1024, 64): "64/1",     # 4 stages of K: no split
+    (8192, 8192, 32): "32/2",     # 24.5 (64/2 31.1)
+    (8192, 8192, 64): "64/2",     # 32.6 (32/1 36.3)
+    (8192, 8192, 96): "64/1",     # 46.1 (128/2 60.7, the previous plan's pick)
+    (8192, 8192, 128): "64/1",    # 47.7 (64/2 59.1)
+    (8192, 8192, 192): "64/1",    # 91.2 (best 64/2 85.7: 6%)
+    (14336, 4096, 32): "32/1",    # 22.5 (64/1 27.6)
+    (14336, 4096, 64): "64/1",    # 29.2 (64/2 40.0)
+    (14336, 4096, 128): "64/1",   # 57.3 (best 128/1 54.5: 5%)
+    (14336, 4096, 192): "64/1",   # 82.2
+    (4096, 14336, 32): "32/2",    # 34.2 (32/4 38.7, the previous plan's pick)
+    (4096, 14336, 64): "32/2",    # 35.2 (64/4 49.9, the previous plan's pick)
+    (4096, 14336, 96): "64/2",    # 44.5 (64/1 69.0)
+    (4096, 14336, 128): "64/2",   # 46.3
+    (4096, 14336, 192): "64/1",   # 72.1 (64/2 79.3)
+    (8192, 1024, 64): "32/1",     # 4 stages of K, no split: two 32-row tiles fill 128 SMs (8192^2: 36.3 vs 64/1 45.2)
 }
 
 
 @pytest.mark.parametrize("shape", sorted(WGMMA_TILES), ids=lambda s: "{}x{}-M{}".format(*s))
 def test_wgmma_tiles(driver, shape):
-    assert plan_full(driver, *shape, wgmma=1, path="wgmma")[3] == WGMMA_TILES[shape]
+    assert plan_full(driver, *shape, wgmma=1)[3] == WGMMA_TILES[shape]
+
+
+def test_wgmma_forced_beyond_its_range_keeps_the_64_row_tile(driver):
+    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "64/1"
+    assert plan_full(driver, 8192, 8192, 1, wgmma=1, path="wgmma")[3] == "32/2"
 
 
 def test_wgmma_tile_override(driver):
@@ -150,11 +175,36 @@ def test_wgmma_load_conditions(driver):
     assert driver("loads 4096 2048 256 1024 2048 4104")[0][2] == "0"  # scales not 16-byte aligned
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("shape", sorted(MEASURED_STAGED) + [(4096, 4096, 33), (4096, 4096, 512), (2880, 2880, 8)],
+                         ids=lambda s: "{}x{}-M{}".format(*s))
+@pytest.mark.parametrize("staged", [1, 0])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_mxfp4_takes_the_tensor_core_kernels_like_nvfp4(driver, shape, staged, dtype):
+    """Both tensor-core kernels take E8M0 scales: 16-bit x plans the same path and tiles for MXFP4 as
+    for NVFP4 (tensor cores up to M = 32, the staged kernel up to 64, then dequantize + cuBLASLt)."""
+    nv = plan(driver, *shape, dtype, staged=staged)
+    assert plan(driver, *shape, dtype, staged=staged, mode="mxfp4") == nv
+    assert plan(driver, *shape, dtype, staged=staged, path="tc", mode="mxfp4")[0] == "tc"
+
+
 @pytest.mark.parametrize("m", [1, 8, 32, 33, 512])
-def test_mxfp4_never_takes_the_tensor_core_kernels(driver, dtype, m):
-    """The tensor-core kernels decode E4M3 scales only: MXFP4 runs SIMT up to kSimtMaxM (32), then
-    dequantize + cuBLASLt, even when forced to tc."""
+def test_mxfp4_float32_x_stays_off_the_tensor_cores(driver, m):
     want = "simt" if m <= 32 else "dequant"
-    assert plan(driver, 4096, 4096, m, dtype, mode="mxfp4")[0] == want
-    assert plan(driver, 4096, 4096, m, dtype, path="tc", mode="mxfp4")[0] == want
+    assert plan(driver, 4096, 4096, m, "f32", mode="mxfp4")[0] == want
+    assert plan(driver, 4096, 4096, m, "f32", path="tc", mode="mxfp4")[0] == want
+
+
+@pytest.mark.parametrize("m", [1, 64, 256])
+def test_mxfp4_never_takes_wgmma(driver, m):
+    """The wgmma kernel reads E4M3 scales only: forced, MXFP4 keeps the automatic choice."""
+    assert plan_full(driver, 8192, 8192, m, wgmma=1, path="wgmma", mode="mxfp4")[0] == plan(driver, 8192, 8192, m, mode="mxfp4")[0]
+
+
+def test_mxfp4_staged_load_conditions(driver):
+    """MXFP4 scale rows hold K / 32 bytes: the staged kernel copies 8 per row and stage of two steps
+    (K % 256 == 0), else 4."""
+    assert driver("loads_mxfp4 4096 2048 128 1024 2048 4096")[0][:2] == ("1", "1")
+    assert driver("loads_mxfp4 4096 2048 128 1024 2048 4100")[0][:2] == ("1", "0")  # not 8-byte aligned
+    assert driver("loads_mxfp4 4224 2112 132 1024 2048 4100")[0][:2] == ("1", "1")  # K % 256 != 0: 4 bytes
+    assert driver("loads_mxfp4 4224 2112 132 1024 2048 4098")[0][:2] == ("1", "0")  # ... but not 2
+    assert driver("loads_mxfp4 2880 1440 90 1024 2048 4096")[0][:2] == ("1", "0")  # gpt-oss K: K % 128 != 0

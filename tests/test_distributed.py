@@ -42,6 +42,10 @@ CHECKS = [
     "moe_model_bf16",
     "moe_shard_then_convert",
     "moe_errors",
+    "mxfp4_layers",
+    "mxfp4_k_block_errors",
+    "mxfp4_model",
+    "mxfp4_shard_then_convert",
 ]
 
 
@@ -247,3 +251,23 @@ def test_moe_splits_that_cannot_be_exact_raise(ranks):
     nvfp4 model: ValueErrors naming the layer, the same on every rank."""
     res = _assert_ok(ranks, "moe_errors")
     assert res[0]["detail"] == res[1]["detail"]
+
+
+def test_mxfp4_sharded_layers_match_reference(ranks):
+    """MXFP4 (E8M0 per 32, no global scale): all-to-sharded (rows, bias fused), sharded-to-all
+    (K split on 32-element blocks, segments 2, all_sum), from MLX's own mxfp4 QuantizedLinear,
+    shard_inplace; vs the float64 reference of the unsharded bytes."""
+    _assert_ok(ranks, "mxfp4_layers")
+
+
+def test_mxfp4_k_off_32_blocks_raises_on_every_rank(ranks):
+    res = _assert_ok(ranks, "mxfp4_k_block_errors")
+    assert res[0]["detail"] == res[1]["detail"], "every rank must raise the same error"
+
+
+def test_sharded_mxfp4_llama_logits_match_unsharded(ranks):
+    _assert_ok(ranks, "mxfp4_model")
+
+
+def test_mxfp4_shard_first_then_convert(ranks):
+    _assert_ok(ranks, "mxfp4_shard_then_convert")

@@ -118,6 +118,26 @@ def test_global_scale_and_chain(device, per_expert):
         check_gather(out_f, x, w, s, rhs=idx, global_scale=gs)
 
 
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("k,m", [(256, 1), (384, 1), (512, 2)])
+def test_decode_dense_kernel_shapes(device, dtype, k, m):
+    """Decode shapes the CUDA backend runs as a batch of dense tensor-core products (K a multiple
+    of the 128-wide step; 256-wide stages and single steps), with per-expert global scales, a
+    per-row bias and a full gate: every pointer the batch moves is checked."""
+    g = rng("decode-dense", k, m, str(dtype))
+    e, n, t, top = 6, 48, 3, 4
+    w, s = experts(e, n, k, g)
+    x = rand_x((t, 1, m, k), dtype, g)
+    idx = mx.array(topk_indices(g, t, top, e))
+    gs = mx.array(g.uniform(1, 600, size=e).astype(np.float32))
+    bias = rand_x((e, n), mx.float32, g)[idx][..., None, :]
+    gate = rand_x((t, top, m, n), dtype, g)
+    chain = [("add", bias), "silu", ("mul", gate)]
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, global_scale=gs, epilogue=chain)
+    assert out.shape == (t, top, m, n)
+    check_gather(out, x, w, s, rhs=idx, global_scale=gs, epilogue=chain)
+
+
 @pytest.mark.parametrize("sort", [False, True])
 def test_same_bytes_as_mx_gather_qmm(device, sort):
     """MLX's own quantizer output, on MLX's call patterns; MLX's kernels round differently (see

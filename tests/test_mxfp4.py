@@ -216,6 +216,22 @@ def test_nan_scale_poisons_only_its_rows(device):
         assert np.isnan(y[:, 3]).all() and not np.isnan(np.delete(y, 3, axis=1)).any()
 
 
+@pytest.mark.parametrize("m,k", [(1, 256), (8, 2880), (40, 512)])
+def test_matmul_every_e8m0_exponent(device, m, k):
+    """Scale bytes 0 .. 252 (2^-127 .. 2^125) across rows, the blocks of a row within 8 codes of the
+    row's own, x small so that 6 * 2^125 * x stays finite; a NaN scale (0xFF) poisons its row. On CUDA
+    the tensor-core kernels (staged K = 256, 512; register-prefetch K = 2880) apply E8M0 to fp32 block
+    products, SIMT and the CPU decode in fp32."""
+    g = rng("mx-e8m0", m, k)
+    n, blocks, top = 96, -(-k // 32), 252
+    w, _ = mx_weights(n, k, g)
+    centers = np.linspace(0, top, n).round().astype(int)[:, None]
+    s_np = np.clip(centers + g.integers(-8, 9, size=(n, blocks)), 0, top).astype(np.uint8)
+    s_np[0, 0], s_np[-1, -1], s_np[3, 1] = 0, top, 0xFF
+    x = rand_x((m, k), mx.bfloat16, g, scale=2.0**-10)
+    check_mx_matmul(mx_fp4.w4a16_matmul(x, w, mx.array(s_np), mode=MODE), x, w, mx.array(s_np))
+
+
 _CHILD = r"""
 import json, sys
 import mlx.core as mx, numpy as np
@@ -292,6 +308,21 @@ def test_gather_sorted_prefill_uses_the_gemm(device):
     x = rand_x((pairs, 1, k), mx.float32, g)
     rhs = mx.array(np.sort(g.integers(0, e, size=pairs)).astype(np.uint32))
     check_gather(mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=True, mode=MODE), x, w, s, rhs)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("pairs,m,k", [(80, 1, 100), (40, 3, 288), (6, 1, 256)])
+def test_gather_half_x_tensor_core_shapes(device, dtype, pairs, m, k):
+    """Shapes the CUDA backend runs on tensor cores in MXFP4: more than 64 rows (the grouped
+    kernel, K % 32 != 0 tails too) and a few pairs with K % 128 == 0 (the batched dense kernel)."""
+    g = rng("mx-gather-tc", pairs, m, k, str(dtype))
+    e, n = 5, 40
+    w, s = mx_experts(e, n, k, g)
+    x = rand_x((pairs, m, k), dtype, g)
+    rhs = mx.array(np.sort(g.integers(0, e, size=pairs)).astype(np.uint32))
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=True, mode=MODE)
+    assert out.shape == (pairs, m, n)
+    check_gather(out, x, w, s, rhs)
 
 
 @pytest.mark.parametrize("sort", [False, True])

@@ -340,6 +340,30 @@ def test_tile_boundaries_with_epilogue(device, dtype, m, n, k):
     check_matmul(out, x, packed, scales, global_scale=np.float32(0.5), epilogue=epi)
 
 
+def test_alternating_paths_each_correct(device):
+    """Products of different kernels in turn, twice, each against the reference. On CUDA (sm_90a)
+    the split-K wgmma kernel (x permutation + cluster launch) alternates with a tensor-core kernel
+    behind MLX's divide for the global scale or behind the copy of a strided x: graphs of the same
+    node topology, so MLX's graph cache updates one into the other (it once kept the cluster shape)."""
+    g = rng("alternate")
+    cases = []
+    for m, n, k, gs, strided in [
+        (32, 256, 4096, None, False),  # H200: wgmma, 32-row tiles, split K over 2
+        (7, 96, 48, 0.37, False),  # tensor cores after the global scale's divide
+        (64, 384, 2048, None, False),  # wgmma, another grid, split K over 2
+        (5, 40, 40, None, True),  # tensor cores after the strided copy of x
+    ]:
+        x = rand_x((m, 2 * k if strided else k), mx.bfloat16, g)
+        x = x[:, ::2] if strided else x
+        w, scales, packed = rand_weights(n, k, g)
+        mx.eval(x, w, scales)
+        cases.append((x, w, scales, packed, gs))
+    for _ in range(2):
+        for x, w, scales, packed, gs in cases:
+            out = mx_fp4.w4a16_matmul(x, w, scales, global_scale=gs)
+            check_matmul(out, x, packed, scales, global_scale=None if gs is None else np.float32(gs))
+
+
 @pytest.mark.parametrize("m", [1, 300])
 def test_repeat_evaluation_is_bitwise_identical(device, m):
     """Multithreaded kernels: no races, a fixed reduction order (same bits every time)."""

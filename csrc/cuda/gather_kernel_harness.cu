@@ -1,6 +1,6 @@
 // Standalone check and timing of the CUDA gathered (MoE) kernels, without MLX
 // (scripts/gpu_check.sh step moe builds it):
-//   check: the pair GEMV, plan + GEMV and plan + tensor cores against a double-precision host sum of the exact
+//   check: the pair GEMV (SIMT, and batched dense tensor cores), plan + GEMV and plan + tensor cores against a double-precision host sum of the exact
 //          decoded weights (fp4_format.h), sorted / unsorted / repeated experts, M > 1, ragged K,
 //          per-expert multipliers, out-of-range pairs (NaN rows);
 //   bench: Qwen3-30B-A3B expert shapes (128 experts, top-8; 768 x 2048 and 2048 x 768), kernel
@@ -45,7 +45,18 @@ T* to_device(const std::vector<T>& h) {
   return d;
 }
 
-void run(const Launch& l, GatherArgs& a, cudaStream_t s) {
+DeviceInfo g_dev;
+
+// The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV both as the
+// SIMT kernel and as the batched dense tensor-core kernel.
+enum class Kind { kPairs, kPairsTc, kGemv, kTc };
+
+Kind kind_of(GatherKernel k) {
+  return k == GatherKernel::kPairs ? Kind::kPairsTc : k == GatherKernel::kTc ? Kind::kTc : Kind::kGemv;
+}
+
+template <typename Args>
+void run(const Launch& l, Args& a, cudaStream_t s) {
   void* params[] = {&a};
   if (cuLaunchKernel(l.func, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
                      reinterpret_cast<CUstream>(s), params, nullptr) != CUDA_SUCCESS) {
@@ -98,10 +109,10 @@ struct Problem {
     for (auto& v : mult) v = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng);
   }
 
-  GatherKernel kernel = GatherKernel::kGemv;
+  Kind kernel = Kind::kGemv;
 
   // Uploads the inputs and the workspace; `k` picks the kernel.
-  void upload(GatherKernel k) {
+  void upload(Kind k) {
     a.x = to_device(x);
     a.w = to_device(w);
     a.scales = to_device(s);
@@ -116,15 +127,26 @@ struct Problem {
     use(k);
   }
 
-  void use(GatherKernel k) {
+  void use(Kind k) {
     kernel = k;
-    a.use_tc = k == GatherKernel::kTc ? 1 : 0;
+    a.use_tc = k == Kind::kTc ? 1 : 0;
+  }
+
+  // The batched dense kernel's launch for this problem (func null where it does not apply).
+  Launch batched() const {
+    const bool ok = staged_loads_ok(g.mm, a.x, a.w, a.scales);
+    return ok ? tc_batched_launch(g.mm, g_dev, true, g.pairs) : Launch{};
   }
 
   // The launches of the MLX glue (gather_w4a16_matmul.cpp) for the chosen kernel.
   void launch(cudaStream_t st) {
     const bool vec = vector_loads_ok(g.mm, a.x, a.w);
-    if (kernel == GatherKernel::kPairs) {
+    if (kernel == Kind::kPairsTc && batched().func) {
+      W4A16Args b = batched_args(a);
+      run(batched(), b, st);
+      return;
+    }
+    if (kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
       run(gather_pairs_launch(g, vec), a, st);
       return;
     }
@@ -150,12 +172,13 @@ float bf16_value(uint16_t bits) {
 }
 
 // Double sum over exact decoded weights; NaN rows for out-of-range pairs.
-const char* kernel_name(GatherKernel k) {
-  return k == GatherKernel::kPairs ? "pairs" : k == GatherKernel::kTc ? "tc" : "gemv";
+const char* kernel_name(Kind k) {
+  return k == Kind::kPairs ? "pairs" : k == Kind::kPairsTc ? "pairs-tc" : k == Kind::kTc ? "tc" : "gemv";
 }
-constexpr GatherKernel kKernels[] = {GatherKernel::kPairs, GatherKernel::kGemv, GatherKernel::kTc};
+constexpr Kind kKernels[] = {Kind::kPairs, Kind::kPairsTc, Kind::kGemv, Kind::kTc};
+constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
-void check(const std::string& name, Problem& pr, GatherKernel kernel) {
+void check(const std::string& name, Problem& pr, Kind kernel) {
   pr.upload(kernel);
   pr.launch(0);
   CK(cudaDeviceSynchronize());
@@ -212,7 +235,7 @@ std::vector<uint32_t> random_experts(int64_t n, int64_t e, bool sorted, std::mt1
 
 void run_checks() {
   std::mt19937 rng(7);
-  for (GatherKernel tc : kKernels) {
+  for (Kind tc : kKernels) {
     {
       Problem p(8, 64, 256, 1, 12, iota_u32(24, 2), random_experts(24, 8, false, rng), true, rng);
       check("decode top-2 unsorted", p, tc);
@@ -296,13 +319,15 @@ void run_bench() {
       }
       Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
                 routes[0], true, rng);
-      const GatherKernel planned = gather_kernel_for(p.g);
-      p.upload(planned);
+      p.upload(Kind::kGemv);
+      const Kind planned = kind_of(gather_kernel_for(p.g)) == Kind::kPairsTc && !p.batched().func
+                               ? Kind::kPairs
+                               : kind_of(gather_kernel_for(p.g));
       std::vector<uint32_t*> d_routes;
       for (auto& r : routes) d_routes.push_back(to_device(r));
       // Every kernel at every point (the plan's crossovers come from these lines).
-      double us_of[3];
-      for (int kk = 0; kk < 3; ++kk) {
+      double us_of[kNumKernels];
+      for (int kk = 0; kk < kNumKernels; ++kk) {
         p.use(kKernels[kk]);
         us_of[kk] = graph_us([&](int i) {
           p.a.rhs = d_routes[i % kRoutings];
@@ -333,7 +358,7 @@ void run_bench() {
       }, 2 * kRoutings, st);
       const double mean_rows = std::accumulate(n_rows.begin(), n_rows.end(), 0.0) / kRoutings;
       const double read_gbps = mean_rows * p.g.mm.w_row_bytes / read_us / 1e3;
-      for (int kk = 0; kk < 3; ++kk) {
+      for (int kk = 0; kk < kNumKernels; ++kk) {
         const double gbps = active / us_of[kk] / 1e3;
         std::printf("bench,%lld,%lld,%lld,%s%s,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,
                     (long long)tokens, kernel_name(kKernels[kk]), kKernels[kk] == planned ? " (plan)" : "", us_of[kk],
@@ -362,8 +387,8 @@ void run_profile() {
   }
   std::sort(r.begin(), r.end());
   Problem p(kExperts, 768, 2048, 1, kPairs, iota_u32(kPairs), r, true, rng);
-  p.upload(GatherKernel::kTc);
-  for (GatherKernel k : kKernels) {
+  p.upload(Kind::kTc);
+  for (Kind k : kKernels) {
     p.use(k);
     p.launch(0);
   }
@@ -379,6 +404,12 @@ int main(int argc, char** argv) {
     do_bench |= std::strcmp(argv[i], "bench") == 0;
     do_profile |= std::strcmp(argv[i], "profile") == 0;
   }
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&g_dev.sm_count, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&g_dev.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  CK(cudaDeviceGetAttribute(&g_dev.cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+  preload_kernels();  // the staged kernels' shared-memory attribute
   if (do_check) run_checks();
   if (do_bench) run_bench();
   if (do_profile) run_profile();

@@ -32,16 +32,36 @@ struct GatherArgs {
 using fp4::cuda_gather_tiling::GatherKernel;
 
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
-// The plan: the grouped tensor-core kernel for bf16/fp16 x with at least kTcMinRowsPerExpert
-// rows of x per expert on average (prefill); the pair GEMV for at most kPairsMaxRows rows
-// (decode); else the grouped GEMV.
+// The plan: the pair GEMV for at most kPairsMaxRows rows of x (decode); else the plan kernel,
+// then the grouped tensor-core kernel (bf16/fp16 x, either mode) or the grouped GEMV.
 GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
-// Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x, NVFP4).
+// Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x).
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
 // vec: 16-byte loads of weight and x rows (vector_loads_ok on g.mm and the base pointers).
 Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
+
+// The pair GEMV as a batch of dense products for the staged tensor-core kernel
+// (W4A16Args::batch_*, tc_batched_launch): one product per pair, grid z.
+inline W4A16Args batched_args(const GatherArgs& a) {
+  W4A16Args b{};
+  b.x = a.x;
+  b.w = a.w;
+  b.scales = a.scales;
+  b.global_scale = a.multiplier;
+  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
+  b.out = a.out;
+  b.p = a.g.mm;
+  b.batch_lhs = a.lhs;
+  b.batch_rhs = a.rhs;
+  b.batch_x_matrices = a.g.x_batches;
+  b.batch_experts = a.g.experts;
+  b.w_batch_bytes = a.g.w_expert_bytes;
+  b.scale_batch_bytes = a.g.scale_expert_bytes;
+  b.multiplier_per_expert = a.g.multiplier_per_expert;
+  return b;
+}
 
 }  // namespace cuda
 }  // namespace mlx_fp4

@@ -51,9 +51,14 @@ CUfunction gemv_func_of_problem(const fp4::GatherW4A16Problem& g, bool pairs, bo
 
 unsigned grid_dim(int64_t v, int64_t most) { return static_cast<unsigned>(v < 1 ? 1 : (v > most ? most : v)); }
 
-template <typename T>
+template <typename T, int Mode>
 CUfunction tc_func(bool vec) {
-  return vec ? gather_func(gather_tc_kernel<T, true>) : gather_func(gather_tc_kernel<T, false>);
+  return vec ? gather_func(gather_tc_kernel<T, true, Mode>) : gather_func(gather_tc_kernel<T, false, Mode>);
+}
+
+template <typename T>
+CUfunction tc_func_of_mode(int mode, bool vec) {
+  return mode == fp4::kModeMxfp4 ? tc_func<T, fp4::kModeMxfp4>(vec) : tc_func<T, fp4::kModeNvfp4>(vec);
 }
 
 }  // namespace
@@ -67,23 +72,23 @@ Launch gather_plan_launch(const fp4::GatherW4A16Problem&) {
 }
 
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g) {
-  // The grouped tensor-core kernel reads NVFP4 scales and half-precision x only.
+  // The grouped tensor-core kernel reads half-precision x only (either scale format).
   const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
-  return k != GatherKernel::kTc || (half_x && g.mm.mode == fp4::kModeNvfp4);
+  return k != GatherKernel::kTc || half_x;
 }
 
 GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g) {
-  const int64_t rows = fp4::gather_out_rows(g);
-  if (gather_kernel_supports(GatherKernel::kTc, g) && rows >= int64_t(kTcMinRowsPerExpert) * g.experts) {
-    return GatherKernel::kTc;
-  }
-  return rows <= kPairsMaxRows ? GatherKernel::kPairs : GatherKernel::kGemv;
+  // Past kPairsMaxRows the grouped tensor-core kernel beat the grouped GEMV at every measured
+  // point (H200, Qwen3-30B-A3B experts, 8..2048 tokens: 2.5-12x, docs/moe.md).
+  if (fp4::gather_out_rows(g) <= kPairsMaxRows) return GatherKernel::kPairs;
+  return gather_kernel_supports(GatherKernel::kTc, g) ? GatherKernel::kTc : GatherKernel::kGemv;
 }
 
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec) {
   using fp4::cuda_tiling::kMmaRows;
   Launch l;
-  l.func = g.mm.x_dtype == fp4::kDtypeF16 ? tc_func<__half>(vec) : tc_func<__nv_bfloat16>(vec);
+  l.func = g.mm.x_dtype == fp4::kDtypeF16 ? tc_func_of_mode<__half>(g.mm.mode, vec)
+                                        : tc_func_of_mode<__nv_bfloat16>(g.mm.mode, vec);
   const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, fp4::gather_out_rows(g));
   const int64_t gy = (g.mm.n + kMmaRows * kTcRowTiles - 1) / (kMmaRows * kTcRowTiles);
   if (tiles > 0x7FFFFFFF || gy > 65535) throw std::runtime_error("[GatherW4A16Matmul] CUDA backend: grid too large");

@@ -1,10 +1,12 @@
 // Grouped tensor-core kernel of the gathered W4A16 matmul (prefill): the dense tensor-core step
-// (tc_step of w4a16_device.cuh: FP4 decoded in registers, mma.sync m16n8k16, fp32 accumulators)
+// (tc_load_frag / tc_compute_step of w4a16_tc.cuh: FP4 decoded in registers, either scale format,
+// mma.sync m16n8k16, fp32 accumulators)
 // on tiles of one expert's rows. The plan kernel lists the tiles (expert, first row of its group);
 // x rows are gathered through the pair order, rows past the group are clamped (read, never stored).
 // Included by gather_w4a16_matmul.cu only.
 #pragma once
 #include "gather_w4a16_plan.cuh"
+#include "w4a16_tc.cuh"
 
 namespace mlx_fp4 {
 namespace cuda {
@@ -14,8 +16,9 @@ using fp4::cuda_tiling::kMmaCols;
 using fp4::cuda_tiling::kMmaRows;
 using fp4::cuda_tiling::kStepK;
 
-template <typename T, bool kVec>
-__global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherArgs a) {
+// Mode: fp4::Mode of the scales (the dense step's TcLane layout).
+template <typename T, bool kVec, int Mode>
+__global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_kernel(const GatherArgs a) {
   constexpr int MT = kTcColTiles;
   constexpr int RT = kTcRowTiles;
   const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs);
@@ -27,7 +30,6 @@ __global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherAr
   const int t = lane & 3;
   const int64_t M = a.g.mm.m, N = a.g.mm.n, K = a.g.mm.k;
   const int64_t wrb = a.g.mm.w_row_bytes, srb = a.g.mm.scale_row_bytes;
-  const int64_t kbytes = (K + 1) / 2;
   const int64_t e = v.tiles[2 * tile];
   const int64_t m_base = v.tiles[2 * tile + 1];  // first row of the tile within the group
   const int64_t first = v.start[e];
@@ -56,85 +58,24 @@ __global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherAr
     xrow[j] = static_cast<const T*>(a.x) + (int64_t(a.lhs[pair]) * M + i % M) * K;
   }
 
-  __shared__ uint32_t s_scale[256];
-  fill_scale_table<T>(s_scale);
+  __shared__ uint32_t s_scale[kScaleTableSize];
+  fill_scale_table<T, Mode>(s_scale);
   const int64_t nsteps = (K + kStepK - 1) / kStepK;
   int64_t s_begin, s_end;
   warp_step_range(nsteps, warp, kTcWarps, s_begin, s_end);
   float acc[RT][MT][4];
   zero_acc<MT, RT>(acc);
 
-  // A step's weight words and scale bytes; those of step s + 1 are loaded while step s computes
-  // (without it each warp waited a full memory latency per step).
-  struct Frag {
-    uint32_t w[RT][2][4];
-    uint32_t sc[RT][2][2];
-  };
-  auto load_frag = [&](int64_t s, Frag& f) {
-    const int64_t b0 = (s * kStepK + t * kLaneK) / 2;
-    const int64_t blk0 = (s * kStepK + t * kLaneK) / fp4::kBlockSize;
-    const bool full = kVec && (s * kStepK + kStepK <= K);
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (full) {
-          const uint4 u = load_stream16(wrow[rt][h] + b0);
-          f.w[rt][h][0] = u.x, f.w[rt][h][1] = u.y, f.w[rt][h][2] = u.z, f.w[rt][h][3] = u.w;
-        } else {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            uint32_t word = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int64_t b = b0 + 4 * q + i;
-              word |= (b < kbytes ? uint32_t(__ldg(wrow[rt][h] + b)) : 0u) << (8 * i);
-            }
-            f.w[rt][h][q] = word;
-          }
-        }
-#pragma unroll
-        for (int bk = 0; bk < 2; ++bk) f.sc[rt][h][bk] = blk0 + bk < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + bk)) : 0u;
-      }
-  };
-  auto compute = [&](int64_t s, const Frag& f) {
-    const int64_t kb = s * kStepK + t * kLaneK;  // this lane's first k
-    const bool full = kVec && (s * kStepK + kStepK <= K);
-    uint32_t sp[RT][2][2];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int bk = 0; bk < 2; ++bk) sp[rt][h][bk] = s_scale[f.sc[rt][h][bk]];
-    uint4 X[MT][4];
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (full) {
-          X[j][q] = load_cached16(xrow[j] + kb + 8 * q);
-        } else {
-          const uint16_t* xp = reinterpret_cast<const uint16_t*>(xrow[j]);
-          uint32_t r[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int64_t k0 = kb + 8 * q + 2 * i;
-            r[i] = (k0 < K ? uint32_t(xp[k0]) : 0u) | ((k0 + 1 < K ? uint32_t(xp[k0 + 1]) : 0u) << 16);
-          }
-          X[j][q] = make_uint4(r[0], r[1], r[2], r[3]);
-        }
-      }
-    tc_step<T, MT, RT>(acc, f.w, sp, X);
-  };
+  // The dense kernel's step (w4a16_tc.cuh); the weights of step s + 1 are loaded while step s
+  // computes (without it each warp waited a full memory latency per step).
   if (s_begin < s_end) {
-    Frag cur;
-    load_frag(s_begin, cur);
+    TcFrag<T, MT, RT, Mode> cur;
+    tc_load_frag<T, MT, RT, kVec, Mode>(s_begin, t, wrow, srow, K, srb, cur);
 #pragma unroll 1
     for (int64_t s = s_begin; s < s_end; ++s) {
-      Frag nxt;
-      if (s + 1 < s_end) load_frag(s + 1, nxt);
-      compute(s, cur);
+      TcFrag<T, MT, RT, Mode> nxt;
+      if (s + 1 < s_end) tc_load_frag<T, MT, RT, kVec, Mode>(s + 1, t, wrow, srow, K, srb, nxt);
+      tc_compute_step<T, MT, RT, kVec, Mode>(s, t, xrow, K, s_scale, cur, acc);
       cur = nxt;
     }
   }
@@ -165,7 +106,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) gather_tc_kernel(const GatherAr
     const int64_t i = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
     if (n < N && i < rows) {
       const int64_t out_row = int64_t(v.order[first + i / M]) * M + i % M;
-      store_from_float(a.out, a.g.mm.out_dtype, out_row * N + n, finish(ep, sum * kTcAccScale, out_row, n, mult));
+      store_from_float(a.out, a.g.mm.out_dtype, out_row * N + n, finish(ep, sum * tc_acc_scale(Mode), out_row, n, mult));
     }
   }
 }

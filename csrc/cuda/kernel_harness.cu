@@ -4,7 +4,7 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [profile] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
+// Usage: kernel_harness [check] [bench] [profile] [graph-probe] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
 // exit code 1 on a failure. The wgmma kernel's checks and bench: kernel_harness_wgmma.h.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -139,7 +140,7 @@ void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc,
   } else if (path == Path::kSimt) {
     launch(simt_launch(p, vec), &a, s);
   } else {
-    DequantArgs d{a.w, a.scales, wd, p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype};
+    DequantArgs d{a.w, a.scales, wd, p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype, p.mode};
     launch(dequant_launch(d, vec), &d, s);
     const bool direct = p.num_ops == 0 && (p.out_dtype == p.x_dtype || p.out_dtype == fp4::kDtypeF32);
     char err[256] = {0};
@@ -171,8 +172,36 @@ struct Case {
   int x_dtype, out_dtype;
   bool gs;
   int epi;  // 0 none, 1 bias+silu, 2 residual add + mul row + clamp, 3 gelu + scale
-  int64_t w_pad = 0;  // extra bytes per weight row
+  int64_t w_pad = 0;  // extra bytes per weight row (random: nibbles past K are garbage)
+  int64_t s_pad = 0;  // extra bytes per scale row (NaN codes: a kernel must never read them)
+  int mode = fp4::kModeNvfp4;  // MXFP4 cases: kernel_harness_mxfp4.h
 };
+
+// A random scale byte of the mode. NVFP4: E4M3 codes between 2^-4 and 2^3 (sign mostly positive), a
+// few zero/subnormal. MXFP4: E8M0 codes 2^-7 .. 2^7, a few extreme ones: 2^-127 (the fp32
+// subnormal) .. 2^-118, and with bf16/fp32 x up to 2^93 (products and sums stay finite in fp32 and
+// bf16; fp16 x: the dequantize path's fp16 weights would overflow).
+uint8_t random_scale(int mode, int x_dtype, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  if (mode == fp4::kModeMxfp4) {
+    const int r = byte(rng);
+    if (r < 8) return uint8_t(byte(rng) % 10);
+    if (r < 12 && x_dtype != fp4::kDtypeF16) return uint8_t(200 + byte(rng) % 21);
+    return uint8_t(fp4::kE8M0Bias - 7 + byte(rng) % 15);
+  }
+  int e = 3 + byte(rng) % 8, m = byte(rng) % 8;
+  int code = (e << 3) | m;
+  if (byte(rng) < 8) code = byte(rng) % 8;  // zero and subnormals
+  if (byte(rng) < 16) code |= 0x80;
+  return uint8_t(code);
+}
+
+// v rounded to the out dtype (the reference's overflow to +-Inf).
+double round_to_dtype(double v, int dtype) {
+  std::vector<uint8_t> b(4);
+  host_store(b, dtype, 0, float(v));
+  return host_load(b, dtype, 0);
+}
 
 void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt19937& rng) {
   fp4::W4A16Problem p{};
@@ -180,22 +209,23 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   p.n = c.n;
   p.k = c.k;
   p.w_row_bytes = (c.k + 1) / 2 + c.w_pad;
-  p.scale_row_bytes = (c.k + 15) / 16;
+  p.scale_row_bytes = fp4::scale_blocks_for_k(c.k, c.mode) + c.s_pad;
   p.x_dtype = c.x_dtype;
   p.out_dtype = c.out_dtype;
   p.has_global_scale = c.gs ? 1 : 0;
+  p.mode = c.mode;
   std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<uint8_t> w(p.n * p.w_row_bytes), sc(p.n * p.scale_row_bytes);
   for (auto& b : w) b = uint8_t(byte(rng));
-  // Scales: E4M3 codes between 2^-4 and 2^3 (sign mostly positive), a few zero/subnormal.
-  for (auto& s : sc) {
-    int e = 3 + byte(rng) % 8, m = byte(rng) % 8;
-    int code = (e << 3) | m;
-    if (byte(rng) < 8) code = byte(rng) % 8;  // zero and subnormals
-    if (byte(rng) < 16) code |= 0x80;
-    s = uint8_t(code);
-  }
+  for (auto& s : sc) s = random_scale(c.mode, c.x_dtype, rng);
+  // Padding scale bytes past K hold NaN codes of the format.
+  const uint8_t nan_code = c.mode == fp4::kModeMxfp4 ? uint8_t(fp4::kE8M0NaN) : uint8_t(0x7F);
+  const int64_t blocks = fp4::scale_blocks_for_k(c.k, c.mode);
+  for (int64_t n = 0; n < p.n; ++n)
+    for (int64_t b = blocks; b < p.scale_row_bytes; ++b) sc[n * p.scale_row_bytes + b] = nan_code;
+  // MXFP4: an E8M0 NaN scale (0xFF) in row 3 poisons that row only.
+  if (c.mode == fp4::kModeMxfp4 && p.n > 3) sc[3 * p.scale_row_bytes + (blocks - 1) / 2] = fp4::kE8M0NaN;
   const size_t xs = dtype_size(c.x_dtype), os = dtype_size(c.out_dtype);
   std::vector<uint8_t> x(p.m * p.k * xs);
   for (int64_t i = 0; i < p.m * p.k; ++i) host_store(x, c.x_dtype, i, nd(rng));
@@ -236,7 +266,8 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
     for (int64_t k = 0; k < p.k; ++k) {
       uint32_t b = w[n * p.w_row_bytes + k / 2];
       uint32_t code = (k & 1) ? (b >> 4) : (b & 0xF);
-      wdec[n * p.k + k] = fp4::e2m1_to_float(code) * fp4::e4m3_to_float(sc[n * p.scale_row_bytes + k / 16]);
+      wdec[n * p.k + k] =
+          fp4::e2m1_to_float(code) * fp4::scale_to_float(c.mode, sc[n * p.scale_row_bytes + k / fp4::block_size(c.mode)]);
     }
   for (int64_t m = 0; m < p.m; ++m)
     for (int64_t n = 0; n < p.n; ++n) {
@@ -299,7 +330,10 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
     const double y = host_load(out, c.out_dtype, i);
     const double tol = out_eps * std::fabs(ref[i]) + acc_eps * (mag[i] + 1.0) * 4 + 1e-30;
     double e = std::fabs(y - ref[i]) / tol;
+    const double r_out = round_to_dtype(ref[i], c.out_dtype);
+    if (std::isinf(y) || std::isinf(r_out)) e = y == r_out ? 0.0 : 1e30;  // overflow in the out dtype
     if (std::isnan(y) != std::isnan(ref[i])) e = 1e30;
+    if (std::isnan(y) && std::isnan(ref[i])) e = 0.0;
     if (e > worst) {
       worst = e;
       worst_i = i;
@@ -309,9 +343,10 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   if (!ok) ++g_failures;
   const bool staged = path == Path::kTensorCore && g_staged && staged_loads_ok(p, a.x, a.w, a.scales);
   const WgmmaConfig wg = g_wg ? *g_wg : plan.wg;
-  std::printf("check,%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld,tc=%d/%d/%d,wg=%d/%d,worst=%.3g,%s",
-              staged ? "tc-staged" : path_name(path), ok ? "ok" : "FAIL", dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
-              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, cfg.mt, cfg.rt, cfg.kw,
+  std::printf("check,%s%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld/%lld,tc=%d/%d/%d,wg=%d/%d,worst=%.3g,%s",
+              staged ? "tc-staged" : path_name(path), c.mode == fp4::kModeMxfp4 ? "-mxfp4" : "", ok ? "ok" : "FAIL",
+              dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
+              (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, (long long)c.s_pad, cfg.mt, cfg.rt, cfg.kw,
               path == Path::kWgmma ? wg.tile_m : 0, path == Path::kWgmma ? wg.splits : 0, worst, ok ? "\n" : "");
   if (!ok) {
     std::printf(" at m=%lld n=%lld y=%.8g ref=%.8g\n", (long long)(worst_i / p.n), (long long)(worst_i % p.n),
@@ -320,23 +355,31 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   for (auto* d : dops) delete d;
 }
 
-// Exact decode: K = 16, x = identity rows, so y[m, n] = decode(w[n, m]) * scale[n] exactly.
-void check_exact_decode(int x_dtype) {
-  const int64_t N = 4096, K = 16, M = 16;
+// Exact decode: x = identity rows (M = K), so y[m, n] = decode(w[n, m]) * scale[n, m / block] exactly,
+// over about all (byte, scale) pairs: NVFP4 E4M3 without its NaN codes; MXFP4 every E8M0 code (0xFF
+// NaN, 2^-127 subnormal, 6 * 2^127 overflowing to Inf in fp32 as on the host). Every tensor-core
+// kernel that applies (K = 32: register prefetch; 128 and 256: also staged, 1 and 2 steps a stage).
+void check_exact_decode(int x_dtype, int mode = fp4::kModeNvfp4, int64_t K = fp4::kNvfp4BlockSize) {
+  const int64_t N = 4096, M = K;
+  const int64_t wrb = std::max<int64_t>(16, K / 2);  // K = 16: a padded row (vector path), bytes 8..15 unused
+  const int64_t srb = K / fp4::block_size(mode);
   fp4::W4A16Problem p{};
   p.m = M;
   p.n = N;
   p.k = K;
-  p.w_row_bytes = 16;  // padded row (vector path), bytes 8..15 unused
-  p.scale_row_bytes = 1;
+  p.w_row_bytes = wrb;
+  p.scale_row_bytes = srb;
   p.x_dtype = x_dtype;
   p.out_dtype = fp4::kDtypeF32;
-  std::vector<uint8_t> w(N * 16), sc(N), x(M * K * 2);
+  p.mode = mode;
+  std::vector<uint8_t> w(N * wrb), sc(N * srb), x(M * K * 2);
   for (int64_t n = 0; n < N; ++n) {
-    for (int j = 0; j < 16; ++j) w[n * 16 + j] = uint8_t((n * 8 + j * 37) & 0xFF);
-    int code = int((n * 37 + n / 256) & 0xFF);
-    if ((code & 0x7F) == 0x7F) code = 0x38;
-    sc[n] = uint8_t(code);
+    for (int64_t j = 0; j < wrb; ++j) w[n * wrb + j] = uint8_t((n * 8 + j * 37) & 0xFF);
+    for (int64_t b = 0; b < srb; ++b) {
+      int code = int((n * 37 + n / 256 + b * 101) & 0xFF);
+      if (mode == fp4::kModeNvfp4 && (code & 0x7F) == 0x7F) code = 0x38;
+      sc[n * srb + b] = uint8_t(code);
+    }
   }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) host_store(x, x_dtype, m * K + k, m == k ? 1.0f : 0.0f);
@@ -350,30 +393,65 @@ void check_exact_decode(int x_dtype) {
   a.scales = static_cast<const uint8_t*>(ds.p);
   a.out = dout.p;
   a.p = p;
-  int bad = 0;
-  for (int mt : {1, 2}) {
-    TcConfig cfg{mt, 1, 1};
-    CK(cudaMemset(dout.p, 0, dout.bytes));
-    run_path(Path::kTensorCore, cfg, a, nullptr, nullptr, 0);
-    CK(cudaDeviceSynchronize());
-    std::vector<float> out(M * N);
-    CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        uint32_t b = w[n * 16 + m / 2];
-        uint32_t code = (m & 1) ? (b >> 4) : (b & 0xF);
-        float r = fp4::e2m1_to_float(code) * fp4::e4m3_to_float(sc[n]);
-        float y = out[m * N + n];
-        if (!(y == r || (std::isnan(y) && std::isnan(r)))) {
-          if (bad < 5) std::printf("  decode mismatch x=%s m=%lld n=%lld code=%u scale=0x%02x y=%g ref=%g\n",
-                                   dtype_name(x_dtype), (long long)m, (long long)n, code, sc[n], y, r);
-          ++bad;
+  const bool staged_ok = staged_loads_ok(p, a.x, a.w, a.scales);
+  int bad = 0, runs = 0;
+  for (bool staged : {false, true}) {
+    if (staged && !staged_ok) continue;
+    g_staged = staged;
+    for (int mt : {1, 2, 4}) {
+      if (mt * fp4::cuda_tiling::kMmaCols > M && mt > 1) continue;
+      TcConfig cfg{mt, 1, 1};
+      CK(cudaMemset(dout.p, 0, dout.bytes));
+      run_path(Path::kTensorCore, cfg, a, nullptr, nullptr, 0);
+      CK(cudaDeviceSynchronize());
+      ++runs;
+      std::vector<float> out(M * N);
+      CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          uint32_t b = w[n * wrb + m / 2];
+          uint32_t code = (m & 1) ? (b >> 4) : (b & 0xF);
+          const uint8_t s = sc[n * srb + m / fp4::block_size(mode)];
+          float r = fp4::e2m1_to_float(code) * fp4::scale_to_float(mode, s);
+          float y = out[m * N + n];
+          if (!(y == r || (std::isnan(y) && std::isnan(r)))) {
+            if (bad < 5) std::printf("  decode mismatch x=%s staged=%d mt=%d m=%lld n=%lld code=%u scale=0x%02x y=%g ref=%g\n",
+                                     dtype_name(x_dtype), int(staged), mt, (long long)m, (long long)n, code, s, y, r);
+            ++bad;
+          }
         }
-      }
+    }
   }
+  g_staged = true;
   if (bad) ++g_failures;
-  std::printf("check,tc-exact-decode,%s,x=%s,mismatches=%d\n", bad ? "FAIL" : "ok", dtype_name(x_dtype), bad);
+  std::printf("check,tc-exact-decode%s,%s,x=%s,K=%lld,staged=%d,runs=%d,mismatches=%d\n",
+              mode == fp4::kModeMxfp4 ? "-mxfp4" : "", bad ? "FAIL" : "ok", dtype_name(x_dtype), (long long)K,
+              int(staged_ok), runs, bad);
 }
+
+// One case on every path: both tensor-core kernels (the staged one where it applies, the other as
+// its fallback; every tile unless quick) for 16-bit x, SIMT and dequantize + cuBLASLt.
+void check_all_paths(const Case& c, bool quick, std::mt19937& rng) {
+  const bool half_x = c.x_dtype != fp4::kDtypeF32;
+  for (bool staged : {true, false}) {
+    if (!half_x) break;
+    g_staged = staged;
+    check_case(c, Path::kTensorCore, nullptr, rng);
+    if (!quick) {
+      for (int rt : {1, 2})
+        for (int kw : {1, 2, 3, 4, 8}) {
+          TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
+          if (cfg.mt * cfg.rt > 8) continue;
+          check_case(c, Path::kTensorCore, &cfg, rng);
+        }
+    }
+  }
+  g_staged = true;
+  check_case(c, Path::kSimt, nullptr, rng);
+  check_case(c, Path::kDequantGemm, nullptr, rng);
+}
+
+#include "kernel_harness_mxfp4.h"
 
 void run_checks(bool quick) {
   std::mt19937 rng(1234);
@@ -405,26 +483,8 @@ void run_checks(bool quick) {
       {40, 160, 1152, fp4::kDtypeF16, fp4::kDtypeBF16, false, 0},
       {2, 1000, 4992, fp4::kDtypeBF16, fp4::kDtypeF32, true, 2},
   };
-  for (const auto& c : cases) {
-    const bool half_x = c.x_dtype != fp4::kDtypeF32;
-    // Both tensor-core kernels: the staged one where it applies, the other as its fallback.
-    for (bool staged : {true, false}) {
-      if (!half_x) break;
-      g_staged = staged;
-      check_case(c, Path::kTensorCore, nullptr, rng);
-      if (!quick) {
-        for (int rt : {1, 2})
-          for (int kw : {1, 2, 3, 4, 8}) {
-            TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
-            if (cfg.mt * cfg.rt > 8) continue;
-            check_case(c, Path::kTensorCore, &cfg, rng);
-          }
-      }
-    }
-    g_staged = true;
-    check_case(c, Path::kSimt, nullptr, rng);
-    check_case(c, Path::kDequantGemm, nullptr, rng);
-  }
+  for (const auto& c : cases) check_all_paths(c, quick, rng);
+  run_mxfp4_checks(quick, rng);
 }
 
 #include "kernel_harness_bench.h"
@@ -435,7 +495,9 @@ void run_checks(bool quick) {
 
 int main(int argc, char** argv) {
   bool check = false, bench = false, quick = false, profile = false, small = false, mid = false, wgmma = false;
+  bool graph_probe = false;  // kernel_harness_wgmma.h: run_wgmma_graph_probe (info, run last)
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "graph-probe")) graph_probe = true;
     if (!std::strcmp(argv[i], "profile")) profile = true;
     if (!std::strcmp(argv[i], "check")) check = true;
     if (!std::strcmp(argv[i], "bench")) bench = true;
@@ -444,7 +506,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--mid")) mid = true;      // bench: M = 32..256, staged kernel vs dequant
     if (!std::strcmp(argv[i], "--wgmma")) wgmma = true;  // wgmma only: its checks; bench M = 32..1024 vs the rest
   }
-  if (!check && !bench && !profile) check = bench = true;
+  if (!check && !bench && !profile && !graph_probe) check = bench = true;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log even when a run is cut short
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
@@ -466,6 +528,7 @@ int main(int argc, char** argv) {
   if (check && g_dev.wgmma) run_wgmma_checks();
   if (bench && wgmma && g_dev.wgmma) run_wgmma_bench();
   if (bench && !wgmma) run_bench(quick, small, mid);
+  if (graph_probe && g_dev.wgmma) run_wgmma_graph_probe();
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;
 }

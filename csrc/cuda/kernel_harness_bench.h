@@ -11,25 +11,29 @@ struct BenchShape {
 };
 
 // One shape's timing data: random weight + scale bytes in enough copies to exceed the L2 (> 400 MB,
-// cycled so no product finds its weights cached), 3 dense bf16 copies for the cuBLASLt baseline,
-// and x / output / scratch buffers for up to `maxm` rows. Shared by run_bench and run_wgmma_bench.
+// cycled so no product finds its weights cached), MXFP4 scales for the same weights (dsm, E8M0
+// per 32), 3 dense bf16 copies for the cuBLASLt baseline, and x / output / scratch buffers for up
+// to `maxm` rows. Shared by run_bench and run_wgmma_bench.
 struct BenchData {
-  int64_t N, K, wrb, srb;
+  int64_t N, K, wrb, srb, srb_mx;
   int copies;
-  std::vector<DevBuf*> dw, ds, dd;
+  std::vector<DevBuf*> dw, ds, dsm, dd;
   DevBuf dx, dout, wd, acc;
   BenchData(int64_t n, int64_t k, int64_t maxm, std::mt19937& rng, cudaStream_t s)
-      : N(n), K(k), wrb(k / 2), srb(k / 16),
+      : N(n), K(k), wrb(k / 2), srb(k / 16), srb_mx(k / fp4::kMxfp4BlockSize),
         copies(int(std::max<int64_t>(2, (400LL << 20) / int64_t(n * (k / 2) + n * (k / 16)) + 1))),
         dx(maxm * k * 2), dout(maxm * n * 4), wd(n * k * 2), acc(maxm * n * 4) {
-    std::vector<uint8_t> hw(N * wrb), hs(N * srb);
+    std::vector<uint8_t> hw(N * wrb), hs(N * srb), hsm(N * srb_mx);
     for (auto& b : hw) b = uint8_t(rng());
     for (auto& b : hs) b = uint8_t(0x30 + rng() % 16);
+    for (auto& b : hsm) b = uint8_t(fp4::kE8M0Bias - 8 + rng() % 16);
     for (int c = 0; c < copies; ++c) {
       dw.push_back(new DevBuf(hw.size()));
       ds.push_back(new DevBuf(hs.size()));
+      dsm.push_back(new DevBuf(hsm.size()));
       CK(cudaMemcpy(dw.back()->p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(ds.back()->p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dsm.back()->p, hsm.data(), hsm.size(), cudaMemcpyHostToDevice));
     }
     constexpr int kDenseCopies = 3;  // 2 bytes per weight: 3 copies exceed the L2
     for (int c = 0; c < kDenseCopies; ++c) {
@@ -43,7 +47,7 @@ struct BenchData {
     CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
   }
   ~BenchData() {
-    for (auto* v : {&dw, &ds, &dd}) {
+    for (auto* v : {&dw, &ds, &dsm, &dd}) {
       for (auto* b : *v) delete b;
     }
   }
@@ -97,6 +101,33 @@ double time_us(F fn, int copies, int iters, cudaStream_t s) {
 
 __global__ void empty_kernel() {}
 
+// MXFP4 on the same weights: the planned path and tiles (both tensor-core kernels up to M = 64),
+// SIMT for M <= 16 and dequantize + cuBLASLt from M = 16, as "<path>-mxfp4" rows.
+template <typename Run, typename Report>
+void bench_mxfp4_row(const fp4::W4A16Problem& p, int copies, int iters, Run run, Report report, cudaStream_t s) {
+  const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
+  std::printf("bench,%lldx%lld,M=%lld,plan-mxfp4,%s,tc=%d/%d/%d\n", (long long)p.n, (long long)p.k, (long long)p.m,
+              path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw);
+  char name[32];
+  std::snprintf(name, sizeof name, "%d/%d/%d", plan.tc.mt, plan.tc.rt, plan.tc.kw);
+  const double bytes = double(p.n) * double(p.w_row_bytes + p.scale_row_bytes);
+  if (p.m <= fp4::cuda_tiling::kStagedTcMaxM) {
+    for (bool staged : {true, false}) {
+      g_staged = staged;
+      report(staged ? "tc-staged-mxfp4" : "tc-mxfp4", name,
+             time_us([&](int c) { run(Path::kTensorCore, plan.tc, c); }, copies, iters, s), bytes);
+    }
+    g_staged = true;
+  }
+  if (p.m <= 16) {
+    report("simt-mxfp4", "-", time_us([&](int c) { run(Path::kSimt, plan.tc, c); }, copies, iters, s), bytes);
+  }
+  if (p.m >= 16) {
+    report("dequant+gemm-mxfp4", "-", time_us([&](int c) { run(Path::kDequantGemm, plan.tc, c); }, copies, iters, s),
+           bytes);
+  }
+}
+
 void run_bench(bool quick, bool small, bool mid) {
   std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
   std::vector<int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
@@ -120,7 +151,7 @@ void run_bench(bool quick, bool small, bool mid) {
     const int64_t N = data.N, K = data.K, wrb = data.wrb, srb = data.srb;
     const int copies = data.copies;
     const size_t wbytes = N * wrb + N * srb;
-    auto &dw = data.dw, &ds = data.ds, &dd = data.dd;
+    auto &dw = data.dw, &ds = data.ds, &dsm = data.dsm, &dd = data.dd;
     DevBuf &dx = data.dx, &dout = data.dout, &wd = data.wd, &acc = data.acc;
     for (int64_t M : ms) {
       const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
@@ -134,12 +165,21 @@ void run_bench(bool quick, bool small, bool mid) {
         b.scales = static_cast<const uint8_t*>(ds[c]->p);
         return b;
       };
+      // The same weights with MXFP4 scales (E8M0 per 32).
+      auto with_copy_mx = [&](int c) {
+        W4A16Args b = with_copy(c);
+        b.scales = static_cast<const uint8_t*>(dsm[c]->p);
+        b.p.mode = fp4::kModeMxfp4;
+        b.p.scale_row_bytes = data.srb_mx;
+        return b;
+      };
       const double flops = 2.0 * M * N * K;
       const double qbytes = double(wbytes);
       const int iters = M >= 2048 ? 5 : 20;
-      auto report = [&](const char* what, const char* cfg, double us) {
+      // wGBps: the quantized weight bytes (packed values + scales; MXFP4 rows pass theirs) per time.
+      auto report = [&](const char* what, const char* cfg, double us, double bytes = 0) {
         std::printf("bench,%lldx%lld,M=%lld,%s,%s,us=%.2f,TFLOPs=%.1f,wGBps=%.0f\n", (long long)N, (long long)K,
-                    (long long)M, what, cfg, us, flops / us / 1e6, qbytes / us / 1e3);
+                    (long long)M, what, cfg, us, flops / us / 1e6, (bytes > 0 ? bytes : qbytes) / us / 1e3);
       };
       // Dense bf16 baseline.
       double dense = time_us(
@@ -202,6 +242,9 @@ void run_bench(bool quick, bool small, bool mid) {
             copies, iters, s);
         report("dequant_only", "-", dq);
       }
+      bench_mxfp4_row(with_copy_mx(0).p, copies, iters, [&](Path path, const TcConfig& cfg, int c) {
+        run_path(path, cfg, with_copy_mx(c), wd.p, static_cast<float*>(acc.p), s);
+      }, report, s);
       std::fflush(stdout);
     }
   }

@@ -1,5 +1,6 @@
 // Device helpers of the CUDA W4A16 kernels: element access, the fused epilogue, streaming loads, the
-// register FP4 decode and the tensor-core step / reduction shared by both tensor-core kernels.
+// register FP4 decode and the tensor-core step / reduction shared by both tensor-core kernels, for
+// either scale format (fp4::Mode, a template parameter: TcLane says how a lane's k and scales lie).
 // Included by w4a16_matmul.cu only (one translation unit, internal linkage).
 #pragma once
 #include <cuda_bf16.h>
@@ -61,6 +62,37 @@ __device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t r
   return v;
 }
 
+// Product blockIdx.z of a batched launch (W4A16Args::batch_rhs): pointers moved to its expert,
+// x matrix, output rows and operand rows (Row/Full operands are indexed by the output row).
+// `live` is false for an out-of-range pair: only `out` is moved then (batch_fill_nan).
+__device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) {
+  W4A16Args b = a;
+  const int64_t z = blockIdx.z, M = a.p.m, N = a.p.n;
+  const uint32_t e = a.batch_rhs[z], l = a.batch_lhs[z];
+  live = e < a.batch_experts && l < a.batch_x_matrices;
+  const int out_size = fp4::dtype_bytes(a.p.out_dtype);
+  b.out = static_cast<uint8_t*>(a.out) + z * M * N * out_size;
+  if (!live) return b;
+  b.w = a.w + e * a.w_batch_bytes;
+  b.scales = a.scales + e * a.scale_batch_bytes;
+  b.x = static_cast<const uint8_t*>(a.x) + int64_t(l) * M * a.p.k * fp4::dtype_bytes(a.p.x_dtype);
+  if (a.p.has_global_scale && a.multiplier_per_expert) b.global_scale = a.global_scale + e;
+  for (int i = 0; i < a.p.num_operands; ++i) {
+    const int kind = a.p.operand_kind[i];
+    const int64_t rows_first = kind == fp4::kOperandRow ? z * M : kind == fp4::kOperandFull ? z * M * N : 0;
+    b.operands[i] = static_cast<const uint8_t*>(a.operands[i]) + rows_first * fp4::dtype_bytes(a.p.operand_dtype[i]);
+  }
+  return b;
+}
+
+// NaN rows for an out-of-range pair: the first block of its grid writes them.
+__device__ __forceinline__ void batch_fill_nan(const W4A16Args& b) {
+  if (blockIdx.x != 0 || blockIdx.y != 0) return;
+  for (int64_t i = threadIdx.x; i < b.p.m * b.p.n; i += blockDim.x) {
+    store_from_float(b.out, b.p.out_dtype, i, __int_as_float(0x7FC00000));
+  }
+}
+
 __device__ __forceinline__ float global_scale_of(const W4A16Args& a) {
   return a.p.has_global_scale ? *a.global_scale : 1.0f;
 }
@@ -72,6 +104,14 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
+  return v;
+}
+
+// One 32-bit word of a weight row (MXFP4 lane layout: the 4 lanes of a row read one 16-byte block,
+// and the next word of the same sector comes from L1), with the same L2 prefetch.
+__device__ __forceinline__ uint32_t load_stream4(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::evict_first.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 }
 
@@ -105,6 +145,8 @@ struct Mma16;
 template <>
 struct Mma16<__nv_bfloat16> {
   static constexpr int kMagShift = 6;
+  // 2^126 in both halves: turns a bit-built pair (value * 2^-126) into the E2M1 values (MXFP4).
+  static constexpr uint32_t kValuePair = 0x7E807E80u;
   __device__ static __forceinline__ uint32_t scale_pair(float s) {
     const __nv_bfloat16 b = __float2bfloat16_rn(s * 0x1p119f);
     const uint32_t u = __bfloat16_as_ushort(b);
@@ -129,6 +171,7 @@ struct Mma16<__nv_bfloat16> {
 template <>
 struct Mma16<__half> {
   static constexpr int kMagShift = 9;
+  static constexpr uint32_t kValuePair = 0x74007400u;  // 2^14 in both halves (value * 2^-14 -> value)
   __device__ static __forceinline__ uint32_t scale_pair(float s) {
     const __half h = __float2half_rn(s * 128.0f);
     const uint32_t u = __half_as_ushort(h);
@@ -176,8 +219,31 @@ __device__ __forceinline__ void fp4_word(uint32_t w, uint32_t (&p)[4]) {
   }
 }
 
-// Accumulator correction for the 2^-7 folded into the decoded weights.
+// Accumulator correction for the 2^-7 folded into the decoded weights (NVFP4; MXFP4 operands are
+// the E2M1 values themselves).
 constexpr float kTcAccScale = 128.0f;
+__host__ __device__ constexpr float tc_acc_scale(int mode) { return mode == fp4::kModeMxfp4 ? 1.0f : kTcAccScale; }
+
+// Where a lane's values and scales lie in one 128-wide K step (lane t = lane % 4 of rows g, g + 8),
+// per scale format. The two mma k-slices of word q take four values from each lane t.
+//  - NVFP4: lane t holds k = 32t .. 32t + 31 (word q: 32t + 8q): one 16-byte load per row; its two
+//    blocks of 16 scale the 16-bit operands (scale pairs, E4M3 fits fp16 and bf16).
+//  - MXFP4: word q of lane t holds k = 32q + 8t .. +7, so both k-slices of word q (all four lanes)
+//    lie in block q of 32. E8M0 (2^-127 .. 2^127, NaN) does not fit a 16-bit operand: the mma of
+//    block q runs on the E2M1 values and its fp32 result is multiplied by the block's fp32 scale.
+template <int Mode>
+struct TcLane {
+  static constexpr bool kMx = Mode == fp4::kModeMxfp4;
+  static constexpr int kBlocksPerStep = kStepK / fp4::block_size(Mode);
+  static constexpr int kScales = kMx ? kBlocksPerStep : kLaneK / fp4::kNvfp4BlockSize;  // per row and step
+  static constexpr int kQStride = kMx ? kLaneK : fp4::kValuesPerWord;  // k between words q and q + 1
+  // First k (within the step) of word 0 of lane t; word q starts kQStride * q later.
+  __device__ static __forceinline__ int k0(int t) { return kMx ? fp4::kValuesPerWord * t : kLaneK * t; }
+  // First scale block of lane t in step s (its kScales blocks are consecutive).
+  __device__ static __forceinline__ int64_t block0(int64_t s, int t) {
+    return s * kBlocksPerStep + (kMx ? 0 : kScales * t);
+  }
+};
 
 // ------------------------------------------------------------------------------------------
 // Tensor-core kernel.
@@ -207,12 +273,15 @@ __device__ __forceinline__ void zero_acc(float (&acc)[RT][MT][4]) {
       for (int c = 0; c < 4; ++c) acc[rt][j][c] = 0.0f;
 }
 
-// One 128-wide K step on registers: W words of rows (g, g+8) of each row tile, their block-scale
-// pairs, and x as four 16-byte groups (k = 32t + 8q .. +7) per x tile.
-template <typename T, int MT, int RT>
+// One 128-wide K step on registers: W words of rows (g, g+8) of each row tile (TcLane layout), their
+// scales sc (NVFP4: 16-bit scale pairs per block of 16; MXFP4: fp32 bits per block of 32) and x as
+// four 16-byte groups per x tile (group q: k = TcLane::k0(t) + q * kQStride .. +7).
+template <typename T, int MT, int RT, int Mode = fp4::kModeNvfp4>
 __device__ __forceinline__ void tc_step(float (&acc)[RT][MT][4], const uint32_t (&w)[RT][2][4],
-                                        const uint32_t (&sp)[RT][2][2], const uint4 (&X)[MT][4]) {
+                                        const uint32_t (&sc)[RT][2][TcLane<Mode>::kScales],
+                                        const uint4 (&X)[MT][4]) {
   using Mma = Mma16<T>;
+  constexpr bool kMx = TcLane<Mode>::kMx;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     uint32_t bx[MT][2][2];  // [x tile][k-slice][register]
@@ -226,11 +295,19 @@ __device__ __forceinline__ void tc_step(float (&acc)[RT][MT][4], const uint32_t 
     }
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
-      const uint32_t s0 = sp[rt][0][q >> 1];
-      const uint32_t s1 = sp[rt][1][q >> 1];
+      // 16-bit operand multipliers: the block scale pairs (NVFP4), or the constant that turns the
+      // bit-built pairs into the E2M1 values (MXFP4: exact, products with x exact in fp32).
+      const uint32_t s0 = kMx ? Mma::kValuePair : sc[rt][0][(q >> 1) % TcLane<Mode>::kScales];
+      const uint32_t s1 = kMx ? Mma::kValuePair : sc[rt][1][(q >> 1) % TcLane<Mode>::kScales];
       uint32_t p0[4], p1[4];
       fp4_word<T>(w[rt][0][q], p0);
       fp4_word<T>(w[rt][1][q], p1);
+      // MXFP4: the fp32 products of block q per x tile, scaled into acc after both k-slices.
+      float blk[MT][4];
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) blk[j][c] = 0.0f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t a0 = Mma::mul(p0[2 * h], s0);
@@ -238,17 +315,34 @@ __device__ __forceinline__ void tc_step(float (&acc)[RT][MT][4], const uint32_t 
         const uint32_t a2 = Mma::mul(p0[2 * h + 1], s0);
         const uint32_t a3 = Mma::mul(p1[2 * h + 1], s1);
 #pragma unroll
-        for (int j = 0; j < MT; ++j) Mma::mma(acc[rt][j], a0, a1, a2, a3, bx[j][h][0], bx[j][h][1]);
+        for (int j = 0; j < MT; ++j) Mma::mma(kMx ? blk[j] : acc[rt][j], a0, a1, a2, a3, bx[j][h][0], bx[j][h][1]);
+      }
+      if constexpr (kMx) {
+        // Rows g (c0, c1) and g + 8 (c2, c3) times the fp32 scale of their block q.
+        const float g0 = __uint_as_float(sc[rt][0][q % TcLane<Mode>::kScales]);
+        const float g8 = __uint_as_float(sc[rt][1][q % TcLane<Mode>::kScales]);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          acc[rt][j][0] = fmaf(g0, blk[j][0], acc[rt][j][0]);
+          acc[rt][j][1] = fmaf(g0, blk[j][1], acc[rt][j][1]);
+          acc[rt][j][2] = fmaf(g8, blk[j][2], acc[rt][j][2]);
+          acc[rt][j][3] = fmaf(g8, blk[j][3], acc[rt][j][3]);
+        }
       }
     }
   }
 }
 
-// Block scales as ready-made 16-bit pairs (scale * 2^119 for bf16, * 2^7 for fp16): one shared
-// memory load per 16 weights instead of an E4M3 decode.
-template <typename T>
+// Block scales ready-made per byte: NVFP4 as 16-bit pairs (scale * 2^119 for bf16, * 2^7 for fp16),
+// MXFP4 as fp32 bits (fp4::e8m0_to_float: 2^-127 subnormal, 0xFF NaN). One shared memory load per
+// block instead of a decode.
+constexpr int kScaleTableSize = 256;
+template <typename T, int Mode = fp4::kModeNvfp4>
 __device__ __forceinline__ void fill_scale_table(uint32_t* s_scale) {
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_scale[i] = Mma16<T>::scale_pair(fp4::e4m3_to_float(i));
+  for (int i = threadIdx.x; i < kScaleTableSize; i += blockDim.x) {
+    s_scale[i] = Mode == fp4::kModeMxfp4 ? __float_as_uint(fp4::e8m0_to_float(i))
+                                         : Mma16<T>::scale_pair(fp4::e4m3_to_float(i));
+  }
   __syncthreads();
 }
 
@@ -256,7 +350,7 @@ __device__ __forceinline__ void fill_scale_table(uint32_t* s_scale) {
 // epilogue and store. `red` holds nwarps * RT * MT * 4 * 32 floats of shared memory.
 template <int MT, int RT>
 __device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float (&acc)[RT][MT][4], float* red,
-                                                int64_t m_base, int64_t n_base) {
+                                                int64_t m_base, int64_t n_base, float acc_scale = kTcAccScale) {
   constexpr int kSlots = RT * MT * 4;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -280,7 +374,7 @@ __device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float 
     const int64_t n = n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0);
     const int64_t m = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
     if (n < a.p.n && m < a.p.m) {
-      store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, sum * kTcAccScale, m, n, gs));
+      store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, sum * acc_scale, m, n, gs));
     }
   }
 }

@@ -24,6 +24,14 @@ struct W4A16Args {
   const void* operands[fp4::kMaxEpilogueOperands];
   void* out;                     // [M, N] in p.out_dtype
   fp4::W4A16Problem p;
+  // Grid z as a batch of products (the gathered op's decode, tc_batched_launch): product z reads
+  // expert batch_rhs[z] of w/scales (and its multiplier when per expert) and x matrix
+  // batch_lhs[z], and writes out rows [z * m, z * m + m); out-of-range indices give NaN rows.
+  // Null batch_rhs: one product.
+  const uint32_t* batch_lhs;
+  const uint32_t* batch_rhs;
+  int64_t batch_x_matrices, batch_experts, w_batch_bytes, scale_batch_bytes;
+  int multiplier_per_expert;
 };
 
 // The dequantize + dense GEMM path writes fp32 products here first when it cannot write `out`
@@ -61,6 +69,15 @@ struct Launch {
   dim3 cluster{1, 1, 1};  // blocks per cluster (the wgmma kernel's split K); 1 = no cluster
 };
 
+// The device's SM count and architecture, read once per device; the first call also loads every
+// kernel (preload_kernels). Defined by the MLX glue (w4a16_matmul.cpp).
+DeviceInfo device_info(int device);
+
+// The staged tensor-core kernel over grid z = `products` (W4A16Args::batch_*), with the tile the
+// plan picks for one product of `p`; func null when the plan would not take the staged kernel
+// with one x tile for it (the caller then takes another kernel). `vec`: staged_loads_ok.
+Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products);
+
 // The wgmma kernel (sm_90a) reads x permuted per 256-wide K stage into a buffer of ours
 // ([M, wgmma_padded_k(K)], x's dtype, zero past K) by TMA, next to the weights and scales.
 struct WgmmaPermuteArgs {
@@ -72,6 +89,7 @@ struct WgmmaArgs {
   CUtensorMap x_map, w_map, s_map;  // built by wgmma_prepare
   W4A16Args a;
   int64_t k_stages;  // kp / kWgmmaStageK
+  int splits;        // blocks per cluster along x splitting K (WgmmaConfig::splits)
 };
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.
@@ -85,6 +103,13 @@ int64_t wgmma_padded_k(int64_t k);
 Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype);
 void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg);
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg);
+// A graph of the one kernel launch `l` with its cluster shape as a node attribute, for MLX's
+// CommandEncoder::add_graph_node: a kernel node added directly keys MLX's graph cache as "K"
+// whatever its cluster shape, and cudaGraphExecUpdate onto such a cached graph keeps the stale
+// cluster shape (a later non-cluster kernel then never ran correctly). The caller destroys it.
+cudaGraph_t cluster_kernel_graph(const Launch& l, void** params);
+// The kernel node parameters of launch `l` (no cluster shape: a node attribute).
+CUDA_KERNEL_NODE_PARAMS kernel_node_params(const Launch& l, void** params);
 // True when this build holds the sm_90a wgmma kernel (MLX_FP4_WGMMA_BUILT); DeviceInfo::wgmma is
 // this and compute capability 9.0.
 bool wgmma_built();

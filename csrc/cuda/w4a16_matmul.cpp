@@ -1,6 +1,7 @@
 // W4A16Matmul::eval_gpu for MLX's CUDA backend: binds MLX buffers, allocates the output in device
 // memory, and adds the kernels of w4a16_matmul.cu to MLX's CUDA graph as CUfunction nodes.
-// Paths (plan_w4a16): tensor-core kernel, SIMT kernel, or dequantize + cuBLAS (+ epilogue kernel).
+// Paths (plan_w4a16): tensor-core kernel, SIMT kernel, wgmma kernel (sm_90a), or dequantize +
+// cuBLAS (+ epilogue kernel).
 // Compiled by the C++ compiler (MLX's CUDA headers need fmt, see fmt_shim/), never by nvcc.
 #include <cuda_runtime.h>
 
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -21,7 +23,7 @@
 
 namespace mlx_fp4 {
 
-// Every mode: the plan keeps MXFP4 off the tensor-core kernels (SIMT, dequantize + cuBLASLt).
+// Every mode: every kernel but wgmma takes both scale formats (the plan keeps MXFP4 off wgmma).
 bool gpu_kernel_supports_mode(int mode, int64_t) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 namespace {
@@ -52,25 +54,6 @@ mx::Dtype dtype_of_code(int code) {
   return code == fp4::kDtypeF32 ? mx::float32 : code == fp4::kDtypeF16 ? mx::float16 : mx::bfloat16;
 }
 
-cuda::DeviceInfo device_info(int device) {
-  static std::mutex mu;
-  static cuda::DeviceInfo cache[64];
-  static bool have[64] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 0 || device >= 64) return {};
-  if (!have[device]) {
-    cuda::DeviceInfo d;
-    check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
-    d.wgmma = cuda::wgmma_built() && d.cc_major == 9 && d.cc_minor == 0;
-    cuda::preload_kernels();
-    cache[device] = d;
-    have[device] = true;
-  }
-  return cache[device];
-}
-
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;
@@ -79,6 +62,27 @@ const char* env_or_null(const char* name) {
 template <typename Args>
 void add_node(cu::CommandEncoder& enc, const Launch& l, Args& args) {
   enc.add_kernel_node_ex(l.func, l.grid, l.block, l.cluster, l.smem, args);
+}
+
+// The wgmma kernel with split K runs as clusters. MLX keys its graph cache on node types only
+// ("K" for any kernel node added directly), and cudaGraphExecUpdate does not carry a change of
+// cluster shape over (MLX's subgraph_to_key says so): a later graph of the same topology, e.g.
+// MLX's divide for the global scale + our tensor-core kernel, updated onto a cached permute +
+// split wgmma graph, produced garbage (the 12 failed forced-wgmma tests of docs/cuda.md). So a
+// cluster launch goes in as a child graph under a key of its own naming the cluster shape: updates
+// then only happen between nodes of one cluster shape. (MLX's own kernel nodes never carry a
+// cluster shape; its clustered kernels come as captured child graphs, keyed the same way.)
+void add_wgmma_node(cu::CommandEncoder& enc, const Launch& l, cuda::WgmmaArgs& args) {
+  if (l.cluster.x * l.cluster.y * l.cluster.z <= 1) {
+    add_node(enc, l, args);  // no cluster: an ordinary kernel node
+    return;
+  }
+  void* params[] = {&args};
+  std::unique_ptr<CUgraph_st, cudaError_t (*)(cudaGraph_t)> graph(cuda::cluster_kernel_graph(l, params),
+                                                                  cudaGraphDestroy);
+  const std::string key = "(Kwgmma" + std::to_string(l.cluster.x) + "x" + std::to_string(l.cluster.y) + "x" +
+                          std::to_string(l.cluster.z) + ")";
+  enc.add_graph_node(graph.get(), key, true);  // the child graph is cloned: ours is destroyed here
 }
 
 // x as rows of K elements: itself when row-contiguous, else a copy made by a node of ours (ops.cpp
@@ -106,6 +110,29 @@ mx::array rows_of_x(const mx::array& x, cu::CommandEncoder& enc) {
 }
 
 }  // namespace
+
+namespace cuda {
+
+DeviceInfo device_info(int device) {
+  static std::mutex mu;
+  static DeviceInfo cache[64];
+  static bool have[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 || device >= 64) return {};
+  if (!have[device]) {
+    DeviceInfo d;
+    check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+    d.wgmma = wgmma_built() && d.cc_major == 9 && d.cc_minor == 0;
+    preload_kernels();
+    cache[device] = d;
+    have[device] = true;
+  }
+  return cache[device];
+}
+
+}  // namespace cuda
 
 void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
@@ -136,17 +163,10 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   static const char* staged_env = env_or_null("MLX_FP4_CUDA_STAGED");
   const bool staged = !(staged_env && !std::strcmp(staged_env, "0")) && cuda::staged_loads_ok(p, a.x, a.w, a.scales);
   static const char* wgmma_env = env_or_null("MLX_FP4_CUDA_WGMMA");
-  const cuda::Plan plan = cuda::plan_w4a16(p, device_info(device), vec, staged, path_env, tc_env,
+  const cuda::Plan plan = cuda::plan_w4a16(p, cuda::device_info(device), vec, staged, path_env, tc_env,
                                            cuda::wgmma_loads_ok(p, a.w, a.scales), wgmma_env);
 
   if (plan.path == Path::kWgmma) {
-    // Only reached through MLX_FP4_CUDA_PATH=wgmma: say once that the path is unverified
-    // (its first H200 run failed 12 of 260 forced-path tests; docs/cuda.md).
-    static std::once_flag warned;
-    std::call_once(warned, [] {
-      std::fprintf(stderr, "[mlx_fp4] MLX_FP4_CUDA_PATH=wgmma: experimental kernel, not yet correct on every "
-                   "problem (docs/cuda.md); never chosen automatically.\n");
-    });
     // x permuted into a temporary (the kernel's k order), then the wgmma kernel over it.
     const int64_t kp = cuda::wgmma_padded_k(p.k);
     mx::array xp = device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
@@ -159,7 +179,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
     enc.set_input_array(xp);
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    add_node(enc, cuda::wgmma_launch(p, plan.wg), wa);
+    add_wgmma_node(enc, cuda::wgmma_launch(p, plan.wg), wa);
     enc.add_temporary(xp);
     return;
   }

@@ -1,12 +1,13 @@
 // CUDA W4A16 matmul: y[M, N] = epilogue(gs * (x[M, K] @ dequantize(w, scales)[N, K]^T)).
-// w is NVFP4: [N, w_row_bytes] packed E2M1 (low nibble = even k), scales [N, ceil(K/16)] E4M3 bytes.
+// w: [N, w_row_bytes] packed E2M1 (low nibble = even k); scales NVFP4 [N, ceil(K/16)] E4M3 bytes or
+// MXFP4 [N, ceil(K/32)] E8M0 bytes (p.mode; every kernel but wgmma takes both, a template parameter).
 // This file: kernel handles, launch shapes and the dispatch plan_w4a16 (measured crossovers). The
 // kernels, one file each, all in this translation unit:
 //  - w4a16_tc_staged.cuh: tensor cores, weights through a cp.async ring (K % 128 == 0, M <= 64);
 //  - w4a16_tc.cuh:        tensor cores, register prefetch (any K, M <= 32);
 //  - w4a16_simt.cuh:      fp32 FMA for float32 x;
 //  - w4a16_dequant.cuh:   exact decode of W for the cuBLASLt GEMM (large M) and the epilogue kernel;
-//  - w4a16_wgmma.cuh:     sm_90a wgmma with TMA and warp specialization (opt-in until measured);
+//  - w4a16_wgmma.cuh:     sm_90a wgmma with TMA and warp specialization (16 < M <= 192 on sm_90a);
 //  - w4a16_device.cuh:    what they share (decode, epilogue, mma step, reduction).
 // No MLX header here (nvcc rejects MLX's fmt-based headers); w4a16_matmul.cpp does the MLX glue.
 #include <cuda_bf16.h>
@@ -69,34 +70,65 @@ CUfunction func_of(Kernel kernel) {
   return func_of_symbol(reinterpret_cast<const void*>(kernel));
 }
 
-template <typename T, int MT, int RT>
+template <typename T, int MT, int RT, int Mode>
 CUfunction tc_func_rt(bool vec) {
-  if (vec) return func_of(w4a16_tc_kernel<T, MT, RT, true>);
-  return func_of(w4a16_tc_kernel<T, MT, 1, false>);  // guarded loads: one variant per MT is enough
+  if (vec) return func_of(w4a16_tc_kernel<T, MT, RT, true, Mode>);
+  return func_of(w4a16_tc_kernel<T, MT, 1, false, Mode>);  // guarded loads: one variant per MT is enough
 }
 
-template <typename T, int SUB>
+template <typename T, int SUB, int Mode>
 CUfunction staged_func_sub(int mt, int rt) {
   switch (mt) {
-    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, SUB>);
-    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 2, 2, SUB>);
-    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1, SUB>) : func_of(w4a16_tc_staged_kernel<T, 4, 2, SUB>);
+    case 1: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, SUB, Mode>) : func_of(w4a16_tc_staged_kernel<T, 1, 2, SUB, Mode>);
+    case 2: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 2, 1, SUB, Mode>) : func_of(w4a16_tc_staged_kernel<T, 2, 2, SUB, Mode>);
+    default: return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 4, 1, SUB, Mode>) : func_of(w4a16_tc_staged_kernel<T, 4, 2, SUB, Mode>);
   }
 }
 
-template <typename T>
-CUfunction staged_func_t(int mt, int rt, int sub) {
-  return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps>(mt, rt) : staged_func_sub<T, 1>(mt, rt);
+// The batched staged kernels (tc_batched_launch): one x tile (mt = 1), the decode case.
+template <typename T, int Mode>
+CUfunction batched_staged_func(int rt, int sub) {
+  if (sub == kStagedSubSteps) {
+    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, Mode, true>)
+                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, Mode, true>);
+  }
+  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, Mode, true>)
+                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, Mode, true>);
 }
 
-template <typename T>
+// Either x dtype and scale format.
+CUfunction batched_staged_func_of(int x_dtype, int mode, int rt, int sub) {
+  if (mode == fp4::kModeMxfp4) {
+    return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeMxfp4>(rt, sub)
+                                     : batched_staged_func<__nv_bfloat16, fp4::kModeMxfp4>(rt, sub);
+  }
+  return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeNvfp4>(rt, sub)
+                                   : batched_staged_func<__nv_bfloat16, fp4::kModeNvfp4>(rt, sub);
+}
+
+template <typename T, int Mode>
+CUfunction staged_func_t(int mt, int rt, int sub) {
+  return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps, Mode>(mt, rt) : staged_func_sub<T, 1, Mode>(mt, rt);
+}
+
+template <typename T, int Mode>
 CUfunction tc_func_t(int mt, int rt, bool vec) {
   switch (mt) {
-    case 1: return rt == 1 ? tc_func_rt<T, 1, 1>(vec) : tc_func_rt<T, 1, 2>(vec);
-    case 2: return rt == 1 ? tc_func_rt<T, 2, 1>(vec) : tc_func_rt<T, 2, 2>(vec);
-    case 4: return rt == 1 ? tc_func_rt<T, 4, 1>(vec) : tc_func_rt<T, 4, 2>(vec);
-    default: return tc_func_rt<T, 8, 1>(vec);
+    case 1: return rt == 1 ? tc_func_rt<T, 1, 1, Mode>(vec) : tc_func_rt<T, 1, 2, Mode>(vec);
+    case 2: return rt == 1 ? tc_func_rt<T, 2, 1, Mode>(vec) : tc_func_rt<T, 2, 2, Mode>(vec);
+    case 4: return rt == 1 ? tc_func_rt<T, 4, 1, Mode>(vec) : tc_func_rt<T, 4, 2, Mode>(vec);
+    default: return tc_func_rt<T, 8, 1, Mode>(vec);
   }
+}
+
+// Either tensor-core kernel for x dtype T and the problem's scale format.
+template <int Mode>
+CUfunction tc_func_mode(int x_dtype, int mt, int rt, bool vec, bool staged, int sub) {
+  if (staged) {
+    return x_dtype == fp4::kDtypeF16 ? staged_func_t<__half, Mode>(mt, rt, sub)
+                                     : staged_func_t<__nv_bfloat16, Mode>(mt, rt, sub);
+  }
+  return x_dtype == fp4::kDtypeF16 ? tc_func_t<__half, Mode>(mt, rt, vec) : tc_func_t<__nv_bfloat16, Mode>(mt, rt, vec);
 }
 
 unsigned grid_for_elements(int64_t items) {
@@ -114,13 +146,8 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
   const int rt = vec ? cfg.rt : 1;
   const int sub = staged_sub_steps(p.k);
-  if (staged) {
-    l.func = p.x_dtype == fp4::kDtypeF16 ? staged_func_t<__half>(cfg.mt, rt, sub)
-                                         : staged_func_t<__nv_bfloat16>(cfg.mt, rt, sub);
-  } else {
-    l.func = p.x_dtype == fp4::kDtypeF16 ? tc_func_t<__half>(cfg.mt, rt, vec)
-                                         : tc_func_t<__nv_bfloat16>(cfg.mt, rt, vec);
-  }
+  l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub)
+                                     : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub);
   const int64_t gx = ceil_div(p.m, kMmaCols * cfg.mt);
   const int64_t gy = ceil_div(p.n, kMmaRows * rt);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
@@ -128,7 +155,18 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   }
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
-  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub)) : 0;
+  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub, p.mode)) : 0;
+  return l;
+}
+
+Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products) {
+  Launch l;
+  const Plan plan = plan_w4a16(p, dev, vec, vec, nullptr, nullptr);
+  if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return l;
+  l = tc_launch(p, plan.tc, vec, true);
+  const int sub = staged_sub_steps(p.k);
+  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, sub);
+  l.grid.z = static_cast<unsigned>(products);
   return l;
 }
 
@@ -254,28 +292,68 @@ void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const Wg
   const int64_t kp = wgmma_padded_k(p.k);
   args.a = a;
   args.k_stages = kp / kWgmmaStageK;
+  args.splits = cfg.splits;
   const CUtensorMapDataType xt =
       p.x_dtype == fp4::kDtypeF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   encode_2d(&args.x_map, xt, xp, kp, p.m, kp * 2, kWgmmaXBoxK, cfg.tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
-  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, p.w_row_bytes, p.n, p.w_row_bytes,
+  // Weight and scale maps end at K's last byte, not at the row stride: padding bytes of a row
+  // (garbage nibbles, scale bytes past ceil(K / 16) that may decode to NaN) read as zeros.
+  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, fp4::packed_bytes_for_k(p.k), p.n, p.w_row_bytes,
             kWgmmaStageK / fp4::kValuesPerByte, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_128B);
-  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, p.scale_row_bytes, p.n, p.scale_row_bytes,
-            kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, fp4::scale_blocks_for_k(p.k), p.n,
+            p.scale_row_bytes, kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg) {
   Launch l;
   l.func = p.x_dtype == fp4::kDtypeF16 ? wgmma_func_t<__half>(cfg.tile_m) : wgmma_func_t<__nv_bfloat16>(cfg.tile_m);
-  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows);
+  // The split-K blocks of one weight tile are consecutive in x: one cluster (splits, 1, 1).
+  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows) * cfg.splits;
   const int64_t gy = ceil_div(p.m, cfg.tile_m);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
     throw std::runtime_error("[W4A16Matmul] CUDA backend: problem too large for the wgmma grid");
   }
-  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(cfg.splits));
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(kWgmmaThreads, 1, 1);
   l.smem = static_cast<unsigned>(wgmma_smem_bytes(cfg.tile_m));
-  l.cluster = dim3(1, 1, static_cast<unsigned>(cfg.splits));
+  l.cluster = dim3(static_cast<unsigned>(cfg.splits), 1, 1);
   return l;
+}
+
+CUDA_KERNEL_NODE_PARAMS kernel_node_params(const Launch& l, void** params) {
+  CUDA_KERNEL_NODE_PARAMS kp{};
+  kp.func = l.func;
+  kp.gridDimX = l.grid.x;
+  kp.gridDimY = l.grid.y;
+  kp.gridDimZ = l.grid.z;
+  kp.blockDimX = l.block.x;
+  kp.blockDimY = l.block.y;
+  kp.blockDimZ = l.block.z;
+  kp.sharedMemBytes = l.smem;
+  kp.kernelParams = params;
+  return kp;
+}
+
+cudaGraph_t cluster_kernel_graph(const Launch& l, void** params) {
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaGraphCreate(&g, 0);
+  if (e != cudaSuccess) throw_cuda(e, "cudaGraphCreate");
+  const CUDA_KERNEL_NODE_PARAMS kp = kernel_node_params(l, params);
+  CUgraphNode node = nullptr;
+  CUresult r = cuGraphAddKernelNode(&node, reinterpret_cast<CUgraph>(g), nullptr, 0, &kp);
+  if (r == CUDA_SUCCESS) {
+    CUlaunchAttributeValue attr{};
+    attr.clusterDim.x = l.cluster.x;
+    attr.clusterDim.y = l.cluster.y;
+    attr.clusterDim.z = l.cluster.z;
+    r = cuGraphKernelNodeSetAttribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &attr);
+  }
+  if (r != CUDA_SUCCESS) {
+    cudaGraphDestroy(g);
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: cluster kernel graph node failed (" + std::to_string(r) +
+                             ")");
+  }
+  return g;
 }
 
 void preload_kernels() {
@@ -286,7 +364,8 @@ void preload_kernels() {
     p.m = p.n = p.k = 1;
     p.x_dtype = dt;
     for (bool vec : {true, false}) {
-      if (dt != fp4::kDtypeF32) {
+      for (int mode = 0; mode < fp4::kNumModes && dt != fp4::kDtypeF32; ++mode) {
+        p.mode = mode;
         for (int mt : {1, 2, 4, 8})
           for (int rt : {1, 2})
             if (mt * rt <= 8) {
@@ -300,6 +379,13 @@ void preload_kernels() {
                 const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(l.smem));
                 if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                if (mt != 1) continue;
+                const int sub = staged_sub_steps(k);
+                const CUfunction b = batched_staged_func_of(dt, mode, rt, sub);
+                if (cuFuncSetAttribute(b, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(l.smem)) !=
+                    CUDA_SUCCESS) {
+                  throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                }
               }
               p.k = 1;
             }

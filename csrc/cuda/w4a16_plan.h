@@ -57,11 +57,11 @@ inline int staged_sub_steps(int64_t k) {
 }
 
 // True when the staged tensor-core kernel applies: vector loads, K a multiple of its 128-wide
-// step, and scale rows aligned to the stage's scale copy (8 bytes per step).
+// step, and scale rows aligned to the stage's scale copy (8 bytes per step, MXFP4 4).
 inline bool staged_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w, const void* scales) {
   using namespace fp4::cuda_tiling;
   if (!vector_loads_ok(p, x, w) || p.k % kStepK != 0) return false;
-  const int64_t copy = int64_t(staged_sub_steps(p.k)) * kStageScaleBytesPerStep;
+  const int64_t copy = int64_t(staged_sub_steps(p.k)) * stage_scale_bytes_per_step(p.mode);
   return p.scale_row_bytes % copy == 0 && reinterpret_cast<uintptr_t>(scales) % copy == 0;
 }
 
@@ -116,19 +116,39 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = kw;
   return c;
 }
-// wgmma kernel: the narrowest x tile that holds M (up to 128 rows), then K split over 2 or 4
-// blocks of a cluster while the grid still fits one wave and each block keeps
-// kWgmmaMinStagesPerSplit stages of K.
+// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, else 64) and K split (1 or 2,
+// each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks within one wave of
+// dev.sm_count, ties to the least padding of M, then to the wider tile (fewer x tiles, more
+// splits); when none fits one wave, the fewest blocks. This picks the measured best of the H200
+// sweep (docs/cuda.md) at M = 32..128 on 8192^2, 14336 x 4096 and 4096 x 14336 except where
+// 128-row tiles were 5% faster, and is within 6% of it at M = 192.
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
-  WgmmaConfig c;
-  c.tile_m = p.m <= kWgmmaTileMSmall ? kWgmmaTileMSmall : p.m <= kWgmmaTileMMid ? kWgmmaTileMMid : kWgmmaTileMLarge;
-  const int64_t tiles = ceil_div(p.n, kWgmmaBlockRows) * ceil_div(p.m, c.tile_m);
+  const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
-  while (c.splits < kWgmmaMaxSplits && tiles * c.splits * 2 <= dev.sm_count &&
-         stages >= int64_t(kWgmmaMinStagesPerSplit) * c.splits * 2) {
-    c.splits *= 2;
+  WgmmaConfig best{kWgmmaTileMMid, 1};
+  int64_t best_blocks = -1, best_pad = 0;
+  for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid)}) {
+    if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
+    const int64_t padded_m = ceil_div(p.m, tm) * tm;
+    for (int sp = 1; sp <= kWgmmaAutoMaxSplits; sp *= 2) {
+      if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
+      const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
+      const bool fits = blocks <= dev.sm_count, best_fits = best_blocks >= 0 && best_blocks <= dev.sm_count;
+      bool better;
+      if (best_blocks < 0 || fits != best_fits) {
+        better = best_blocks < 0 || fits;
+      } else {
+        better = (fits ? blocks > best_blocks : blocks < best_blocks) ||
+                 (blocks == best_blocks && padded_m <= best_pad);
+      }
+      if (better) {
+        best = WgmmaConfig{tm, sp};
+        best_blocks = blocks;
+        best_pad = padded_m;
+      }
+    }
   }
-  return c;
+  return best;
 }
 
 // "tile_m,splits" (MLX_FP4_CUDA_WGMMA), or false when malformed.
@@ -163,15 +183,13 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   } else {
     plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
   }
-  // The tensor-core kernels read NVFP4 scales only: MXFP4 takes the SIMT kernel at small M and
-  // dequantize + cuBLASLt above.
-  const bool tc_ok = half_x && p.mode == fp4::kModeNvfp4;
-  if (!tc_ok && plan.path == Path::kTensorCore) {
-    plan.path = p.m <= kSimtMaxM ? Path::kSimt : Path::kDequantGemm;
-  }
-  const bool wgmma_ok = tc_ok && wgmma && dev.wgmma;  // E4M3 scales too
+  // Both tensor-core kernels take either scale format. wgmma: sm_90a builds on cc 9.0, 16-bit x,
+  // NVFP4 (E4M3 scales), weight and scale rows in whole 16-byte units (wgmma_loads_ok: through
+  // MLX, K % 256 == 0); anything else keeps the paths above.
+  const bool tc_ok = half_x;
+  const bool wgmma_ok = tc_ok && p.mode == fp4::kModeNvfp4 && wgmma && dev.wgmma;
   plan.wg = auto_wgmma_config(p, dev);
-  if (wgmma_ok && kWgmmaMaxM > 0 && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
+  if (wgmma_ok && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {
     if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
     if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;

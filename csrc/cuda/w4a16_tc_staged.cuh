@@ -1,5 +1,5 @@
 // Staged tensor-core kernel (K % 128 == 0, aligned rows): weights through a warp-private cp.async
-// ring in shared memory. Included by w4a16_matmul.cu only.
+// ring in shared memory, for either scale format. Included by w4a16_matmul.cu only.
 #pragma once
 #include "w4a16_device.cuh"
 
@@ -16,6 +16,16 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
 }
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+// Four 8 x 16-byte matrices of shared memory, row addresses from lanes 8j .. 8j + 7 for matrix j:
+// lane l receives bytes 4 * (l % 4) .. +3 of row l / 4 of each matrix (register j).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -30,35 +40,52 @@ __device__ __forceinline__ void cp_async_wait() {
 // a private ring of kStages stages in shared memory, kStages - 1 stages ahead, without holding
 // registers; x (L2-resident) is prefetched one step ahead in registers.
 //  - A stage is SUB steps of one weight-row tile group: per row SUB * 64 weight bytes and SUB * 8
-//    scale bytes. The copies are warp-wide runs of consecutive bytes of a row (SUB * 4 lanes per
-//    row), and the scale bytes of a row and stage are one copy (16 bytes when SUB == 2): the 4-byte
-//    scale copies of one lane per row and step cost a fifth of the load-only bandwidth (measured).
+//    (NVFP4) or SUB * 4 (MXFP4) scale bytes. The copies are warp-wide runs of consecutive bytes of a
+//    row (SUB * 4 lanes per row), and the scale bytes of a row and stage are one copy (16 bytes for
+//    NVFP4 when SUB == 2): the 4-byte scale copies of one lane per row and step cost a fifth of the
+//    load-only bandwidth (measured, NVFP4).
 //  - Lanes read bytes other lanes copied, hence a __syncwarp after each wait.
-//  - The 16-byte chunks of odd rows are XOR-swizzled (SUB == 2) so that the 8 lanes of a quarter
-//    warp (rows g and g + 1, chunks t) read distinct banks.
+//  - The 16-byte chunks are XOR-swizzled per row so that the reads are free of bank conflicts:
+//    NVFP4 (16-byte reads, 8 lanes a phase: rows g, g + 1, chunks t): odd rows take the other half
+//    of 128 bytes (SUB == 2); MXFP4 reads word t of chunk q of rows g (TcLane) with one ldmatrix
+//    per 8 rows (matrix q = chunk q of the 8 rows), so the 8 rows take 8 distinct 16-byte bank groups.
 
 // Bytes per weight row and per scale row of one stage of `sub` steps, and of one ring slot (one
 // stage of one warp with `rt` row tiles): the weight rows, then their scale bytes.
 __host__ __device__ constexpr int staged_row_bytes(int sub) { return sub * kStepK / fp4::kValuesPerByte; }
-__host__ __device__ constexpr int staged_scale_bytes(int sub) { return sub * kStageScaleBytesPerStep; }
-__host__ __device__ constexpr int staged_slot_bytes(int rt, int sub) {
-  return rt * kMmaRows * (staged_row_bytes(sub) + staged_scale_bytes(sub));
+__host__ __device__ constexpr int staged_scale_bytes(int sub, int mode) { return sub * stage_scale_bytes_per_step(mode); }
+__host__ __device__ constexpr int staged_slot_bytes(int rt, int sub, int mode) {
+  return rt * kMmaRows * (staged_row_bytes(sub) + staged_scale_bytes(sub, mode));
 }
-template <int SUB>
+// XOR of the 16-byte chunk index of row `row` (see above; rows of 64 bytes when SUB == 1 share a
+// 128-byte bank line in pairs).
+template <int SUB, int Mode>
 __device__ __forceinline__ int staged_swizzle(int row) {
+  if constexpr (Mode == fp4::kModeMxfp4) return SUB == 2 ? (row & 7) : ((row >> 1) & 3);
   return SUB == 2 ? (row & 1) << 2 : 0;  // chunk index ^ 4 on odd rows: the other half of 128 bytes
 }
 
-template <typename T, int MT, int RT, int SUB>
-__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args a) {
+// kBatched: grid z is a batch of products (W4A16Args::batch_*, the gathered op's decode).
+template <typename T, int MT, int RT, int SUB, int Mode, bool kBatched = false>
+__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args args) {
+  using Lane = TcLane<Mode>;
   extern __shared__ __align__(16) uint8_t ring[];
+  W4A16Args view;  // this block's product when batched (unused otherwise)
+  bool live = true;
+  if constexpr (kBatched) view = batch_view(args, live);
+  const W4A16Args& a = kBatched ? view : args;
+  if (!live) {  // uniform per block, before any barrier
+    batch_fill_nan(a);
+    return;
+  }
   constexpr int kRows = kMmaRows * RT;               // weight rows of the warp
   constexpr int kRowBytes = staged_row_bytes(SUB);
-  constexpr int kScaleBytes = staged_scale_bytes(SUB);
+  constexpr int kScaleBytes = staged_scale_bytes(SUB, Mode);
+  constexpr int kStepScaleBytes = stage_scale_bytes_per_step(Mode);
   constexpr int kLanesPerRow = kRowBytes / kLaneBytes;
   constexpr int kRowsPerCopy = 32 / kLanesPerRow;
   constexpr int kWeightCopies = kRows / kRowsPerCopy;  // copy instructions per stage
-  constexpr int kSlot = staged_slot_bytes(RT, SUB);
+  constexpr int kSlot = staged_slot_bytes(RT, SUB, Mode);
   constexpr int kScaleOff = kRows * kRowBytes;
   static_assert(kRows <= 32, "one scale copy per row and lane");
   const int lane = threadIdx.x & 31;
@@ -84,7 +111,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
     const int c = lane % kLanesPerRow;
     const int64_t n = n_base + r < N ? n_base + r : N - 1;
     wsrc[i] = a.w + n * a.p.w_row_bytes + s_begin * kRowBytes + c * kLaneBytes;
-    wdst[i] = mine_s + r * kRowBytes + (c ^ staged_swizzle<SUB>(r)) * kLaneBytes;
+    wdst[i] = mine_s + r * kRowBytes + (c ^ staged_swizzle<SUB, Mode>(r)) * kLaneBytes;
   }
   const int srow = lane < kRows ? lane : kRows - 1;
   const int64_t sn = n_base + srow < N ? n_base + srow : N - 1;
@@ -95,11 +122,11 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   for (int j = 0; j < MT; ++j) {
     int64_t m = m_base + j * kMmaCols + g;
     m = m < M ? m : M - 1;
-    xsrc[j] = static_cast<const T*>(a.x) + m * K + s_begin * SUB * kStepK + t * kLaneK;
+    xsrc[j] = static_cast<const T*>(a.x) + m * K + s_begin * SUB * kStepK + Lane::k0(t);
   }
 
-  __shared__ uint32_t s_scale[256];
-  fill_scale_table<T>(s_scale);
+  __shared__ uint32_t s_scale[kScaleTableSize];
+  fill_scale_table<T, Mode>(s_scale);
 
   auto issue = [&](int slot) {
 #pragma unroll
@@ -110,8 +137,11 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
     if (lane < kRows) {
       if constexpr (kScaleBytes == 16) {
         cp_async16(sdst + slot * kSlot, ssrc);
-      } else {
+      } else if constexpr (kScaleBytes == 8) {
         cp_async8(sdst + slot * kSlot, ssrc);
+      } else {
+        static_assert(kScaleBytes == 4, "scale copies of 4, 8 or 16 bytes");
+        cp_async4(sdst + slot * kSlot, ssrc);
       }
     }
     ssrc += kScaleBytes;
@@ -120,7 +150,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) X[j][q] = load_cached16(xsrc[j] + 8 * q);
+      for (int q = 0; q < 4; ++q) X[j][q] = load_cached16(xsrc[j] + q * Lane::kQStride);
       xsrc[j] += kStepK;
     }
   };
@@ -147,6 +177,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
     if (i + kStages - 1 < stages) issue((i + kStages - 1) % kStages);
     cp_async_commit();
     const uint8_t* slot = mine + (i % kStages) * kSlot;
+    const uint32_t slot_s = mine_s + (i % kStages) * kSlot;
 #pragma unroll
     for (int s = 0; s < SUB; ++s) {
       uint4 Xn[MT][4];
@@ -156,25 +187,37 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
         load_x(Xn);
       }
       uint32_t w[RT][2][4];
-      uint32_t sp[RT][2][2];
+      uint32_t sp[RT][2][Lane::kScales];
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = rt * kMmaRows + g + 8 * h;
-          const int chunk = (s * 4 + t) ^ staged_swizzle<SUB>(r);
-          const uint4 v = *reinterpret_cast<const uint4*>(slot + r * kRowBytes + chunk * kLaneBytes);
-          w[rt][h][0] = v.x;
-          w[rt][h][1] = v.y;
-          w[rt][h][2] = v.z;
-          w[rt][h][3] = v.w;
-          // This lane's two blocks of 16 (2t, 2t + 1 of the step's 8).
-          const uint32_t sc = *reinterpret_cast<const uint16_t*>(
-              slot + kScaleOff + r * kScaleBytes + s * kStageScaleBytesPerStep + 2 * t);
-          sp[rt][h][0] = s_scale[sc & 0xFFu];
-          sp[rt][h][1] = s_scale[sc >> 8];
+          const uint8_t* sr = slot + kScaleOff + r * kScaleBytes + s * kStepScaleBytes;
+          constexpr int kChunksPerStep = kStepK / fp4::kValuesPerByte / kLaneBytes;
+          if constexpr (Lane::kMx) {
+            // Word q: bytes 4t .. 4t + 3 of block q (chunk q of the step) of row g: matrix q of an
+            // ldmatrix whose row l % 8 is row rt * 16 + 8h + l % 8 of the slot. Then the row's 4 scale bytes.
+            const int lr = rt * kMmaRows + 8 * h + (lane & 7);
+            const int chunk = (s * kChunksPerStep + (lane >> 3)) ^ staged_swizzle<SUB, Mode>(lr);
+            ldmatrix_x4(slot_s + lr * kRowBytes + chunk * kLaneBytes, w[rt][h]);
+            const uint32_t sc = *reinterpret_cast<const uint32_t*>(sr);
+#pragma unroll
+            for (int b = 0; b < Lane::kScales; ++b) sp[rt][h][b] = s_scale[(sc >> (8 * b)) & 0xFFu];
+          } else {
+            const int chunk = (s * kChunksPerStep + t) ^ staged_swizzle<SUB, Mode>(r);
+            const uint4 v = *reinterpret_cast<const uint4*>(slot + r * kRowBytes + chunk * kLaneBytes);
+            w[rt][h][0] = v.x;
+            w[rt][h][1] = v.y;
+            w[rt][h][2] = v.z;
+            w[rt][h][3] = v.w;
+            // This lane's two blocks of 16 (2t, 2t + 1 of the step's 8).
+            const uint32_t sc = *reinterpret_cast<const uint16_t*>(sr + 2 * t);
+            sp[rt][h][0] = s_scale[sc & 0xFFu];
+            sp[rt][h][1] = s_scale[sc >> 8];
+          }
         }
-      tc_step<T, MT, RT>(acc, w, sp, X);
+      tc_step<T, MT, RT, Mode>(acc, w, sp, X);
       if (kPrefetchX) {
 #pragma unroll
         for (int j = 0; j < MT; ++j)
@@ -186,7 +229,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring: reuse it for the reduction
   static_assert(MT * RT * 4 * 32 * sizeof(float) <= kStages * kSlot, "reduction must fit in the ring");
-  tc_reduce_store<MT, RT>(a, acc, reinterpret_cast<float*>(ring), m_base, n_base);
+  tc_reduce_store<MT, RT>(a, acc, reinterpret_cast<float*>(ring), m_base, n_base, tc_acc_scale(Mode));
 }
 
 }  // namespace

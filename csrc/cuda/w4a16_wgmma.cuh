@@ -6,9 +6,10 @@
 // Block: warpgroup 0 is the producer (one thread issues the TMA copies of each stage: x, weight
 // and scale tiles, into a ring of stages completing on mbarriers); warpgroups 1..kWgmmaConsumers
 // each own kWgmmaRows weight rows and all tile_m x rows of the block (the wgmma D = W x^T tile).
-// setmaxnreg moves registers from the producer to the consumers. Split K: the blocks of one
-// cluster take consecutive K ranges and rank 0 adds the others' accumulators from their shared
-// memory (DSMEM) in rank order, so the sum is deterministic. Then global scale, epilogue, cast.
+// setmaxnreg moves registers from the producer to the consumers. Split K: the `splits` blocks of
+// one cluster (consecutive blockIdx.x, the cluster along x as MLX's graph cache expects) take
+// consecutive K ranges and rank 0 adds the others' accumulators from their shared memory (DSMEM)
+// in rank order, so the sum is deterministic. Then global scale, epilogue, cast.
 //
 // Lane layout. The decode of one 32-bit word of 8 nibbles (fp4_word) gives the pairs (j, j + 4),
 // j = 0..3; wgmma wants lane t of a warp to hold A columns (2t, 2t + 1) and (2t + 8, 2t + 9) of a
@@ -206,9 +207,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   const W4A16Args& a = args.a;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const int64_t n_base = int64_t(blockIdx.x) * kWgmmaBlockRows;
+  const unsigned splits = static_cast<unsigned>(args.splits);
+  const int64_t n_base = int64_t(blockIdx.x / splits) * kWgmmaBlockRows;
   const int64_t m_base = int64_t(blockIdx.y) * TM;
-  const int64_t split = blockIdx.z, splits = gridDim.z;
+  const int64_t split = blockIdx.x % splits;  // == the cluster rank
   const int64_t st_begin = args.k_stages * split / splits;
   const int nst = static_cast<int>(args.k_stages * (split + 1) / splits - st_begin);
 

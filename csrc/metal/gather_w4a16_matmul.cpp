@@ -18,7 +18,7 @@ static_assert(fp4::kMetalGatherInputX == kGatherX && fp4::kMetalGatherInputW == 
               "gather_dispatch.h must follow the primitive's input order");
 
 bool gather_gpu_kernel_available() { return true; }
-bool gather_gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4; }
+bool gather_gpu_kernel_supports_mode(int mode) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];

@@ -1,5 +1,6 @@
 // The gathered W4A16 matmul on Apple GPUs (mixture-of-experts):
-// out[p] = epilogue(mult[e] * (x[lhs[p]] @ dequant(w[e], scales[e])^T)), e = rhs[p].
+// out[p] = epilogue(mult[e] * (x[lhs[p]] @ dequant(w[e], scales[e])^T)), e = rhs[p]; NVFP4 or
+// MXFP4 scales (kMetalFlagMxfp4, set by the dense plan from the problem's mode).
 // One threadgroup per (weight-row tile, pair): the dense GEMV's block loop (w4a16_gemv.metal,
 // same decode and reduction order) on the pair's expert and x matrix, one row of x at a time.
 // Out-of-range indices: the pair's outputs are NaN and nothing is read through them.
@@ -51,19 +52,16 @@ template <typename XT, typename OutT>
   }
   device const XT* xm = x + long(l) * p.m * p.k;
   device const float* mult = gscale + (g.multiplier_per_expert != 0 ? e : 0u);
-  const int full_blocks = p.k / kBlockSize;
   for (int mi = 0; mi < p.m; ++mi) {
     GemvAcc<1, R> acc;
     for (int r = 0; r < R; ++r) {
       acc.v[0][r] = 0.0f;
     }
-    if (fc_gemv_aligned) {  // one row of x per pass: always FULL
-      gemv_blocks<XT, 1, R, true, true, false>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
+    // one row of x per pass (MT = 1); the scale format as in the dense GEMV (uniform branch)
+    if ((p.flags & kMetalFlagMxfp4) != 0) {
+      gemv_accumulate<XT, 1, R, true>(acc, xm, rows, p, mi, 1, int(lane));
     } else {
-      gemv_blocks<XT, 1, R, false, true, false>(acc, xm, rows, p, mi, 1, int(lane), full_blocks);
-    }
-    if (p.k % kBlockSize != 0 && int(lane) == full_blocks % kMetalSimdWidth) {
-      gemv_tail<XT, 1, R, false>(acc, xm, rows, p, mi, 1, full_blocks);
+      gemv_accumulate<XT, 1, R, false>(acc, xm, rows, p, mi, 1, int(lane));
     }
     for (int r = 0; r < R; ++r) {
       const float v = simd_sum(acc.v[0][r]);

@@ -39,7 +39,7 @@ struct MetalBoolConstant {
   int index = 0;
   bool value = false;
 };
-FP4_CONST int kMetalMaxConstants = 4;
+FP4_CONST int kMetalMaxConstants = 5;
 
 // Byte addresses (or offsets from 16-byte aligned buffer starts) of the bound data. Only their
 // alignment matters: vector loads are enabled when every such load is naturally aligned.
@@ -126,9 +126,10 @@ inline std::vector<MetalConfig> metal_all_configs() {
   return v;
 }
 
-// The dispatch table (docs/metal.md). M = rows of x after flattening the batch dims.
+// The dispatch table (docs/metal.md), the same for both modes. M = rows of x after flattening
+// the batch dims.
 inline MetalConfig metal_choose_config(const W4A16Problem& p) {
-  if (p.m <= kMetalGemvAutoMaxM || p.mode == kModeMxfp4) {  // MXFP4: the GEMV only (M <= 16)
+  if (p.m <= kMetalGemvAutoMaxM) {
     return {MetalKernel::kGemv, 0, 0, false, metal_gemv_mt(int(p.m))};
   }
   if (p.m < kMetalLargeTileMinM) {
@@ -253,9 +254,6 @@ inline MetalLaunch metal_plan(
     l.config.mt = metal_gemv_mt(int(p.m));
   }
   const MetalConfig& c = l.config;
-  if (c.kernel != MetalKernel::kGemv && p.mode == kModeMxfp4) {
-    throw std::invalid_argument("[w4a16_matmul] the Metal GEMMs read NVFP4 scales only; MXFP4 takes the GEMV.");
-  }
   if (c.kernel == MetalKernel::kGemv && p.m > kMetalGemvMaxM) {
     throw std::invalid_argument(
         "[w4a16_matmul] the Metal GEMV handles M <= " + std::to_string(kMetalGemvMaxM) +
@@ -292,15 +290,17 @@ inline MetalLaunch metal_plan(
   }
 
   if (c.kernel == MetalKernel::kGemm) {
-    const int word = c.bk / kBlockSize;  // scale bytes per row and strip
+    const int word = c.bk / block_size(p.mode);  // scale bytes per row and strip
     if (p.scale_row_bytes % word == 0 && addr.scales % uint64_t(word) == 0) {
       q.flags |= kMetalFlagScaleWord;
     }
     // The same bits as function constants: the pipeline is specialized on them.
-    const int fc_bits[] = {kMetalFlagXVec2, kMetalFlagWVec8, kMetalFlagScaleWord, kMetalFlagOutVec2};
+    const int fc_bits[] = {kMetalFlagXVec2, kMetalFlagWVec8, kMetalFlagScaleWord, kMetalFlagOutVec2,
+                           kMetalFlagMxfp4};
     const int fc_index[] = {kMetalFcGemmXVec2, kMetalFcGemmWVec8, kMetalFcGemmScaleWord,
-                            kMetalFcGemmOutVec2};
-    for (int i = 0; i < 4; ++i) {
+                            kMetalFcGemmOutVec2, kMetalFcGemmMxfp4};
+    static_assert(sizeof(fc_bits) / sizeof(fc_bits[0]) == kMetalMaxConstants, "one slot per constant");
+    for (int i = 0; i < kMetalMaxConstants; ++i) {
       l.constants[l.num_constants++] = {fc_index[i], (q.flags & fc_bits[i]) != 0};
     }
   }

@@ -34,7 +34,8 @@ enum MetalFlag : int {
   kMetalFlagWVec8 = 8,        // packed weight rows may be read as 8-byte words
   kMetalFlagOutVec2 = 16,     // the output may be written as 2-element vectors
   kMetalFlagScaleWord = 32,   // GEMM: a strip's BK / 16 scale bytes of a row form one aligned word
-  kMetalFlagMxfp4 = 64,       // E8M0 scales, one per 32 columns (GEMV only)
+  kMetalFlagMxfp4 = 64,       // E8M0 scales, one per 32 columns (every kernel; the GEMM also
+                              // reads it as kMetalFcGemmMxfp4)
 };
 
 // [[function_constant(n)]] indices. The host specializes each pipeline on them (MLX's
@@ -48,6 +49,8 @@ enum MetalFunctionConstant : int {
   kMetalFcGemmWVec8 = 2,
   kMetalFcGemmScaleWord = 3,
   kMetalFcGemmOutVec2 = 4,
+  // GEMM: the kMetalFlagMxfp4 bit (E8M0 scales per 32 columns instead of E4M3 per 16).
+  kMetalFcGemmMxfp4 = 5,
 };
 
 struct W4A16MetalParams {

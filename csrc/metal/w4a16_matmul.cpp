@@ -14,9 +14,8 @@
 
 namespace mlx_fp4 {
 
-// MXFP4: the vector path (GEMV, M <= kMetalGemvMaxM); the GEMMs read NVFP4 scales only.
-bool gpu_kernel_supports_mode(int mode, int64_t m) { return mode == fp4::kModeNvfp4 || m <= fp4::kMetalGemvMaxM; }
-
+// Every kernel reads both scale formats (NVFP4, MXFP4): the same dispatch table for both.
+bool gpu_kernel_supports_mode(int mode, int64_t) { return mode == fp4::kModeNvfp4 || mode == fp4::kModeMxfp4; }
 
 static_assert(fp4::kMetalInputX == kInputX && fp4::kMetalInputW == kInputW &&
                   fp4::kMetalInputScales == kInputScales &&

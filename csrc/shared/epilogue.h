@@ -37,6 +37,9 @@ enum OperandKind : int {
 // Operand element types the kernels read (converted to fp32 on load).
 enum OperandDtype : int { kDtypeF32 = 0, kDtypeF16 = 1, kDtypeBF16 = 2 };
 
+// Bytes of one element of an OperandDtype.
+FP4_FN int dtype_bytes(int dtype) { return dtype == kDtypeF32 ? 4 : 2; }
+
 struct EpilogueOp {
   int code;     // EpilogueCode
   int operand;  // index into the operand list, or -1 when the op takes none / a constant

@@ -19,9 +19,10 @@ enum : int {
   kTcColTiles = 4,
   kTcRowTiles = 2,
   kTcWarps = 4,
+  // Resident blocks per SM asked of the compiler: at 255 registers only 2 fit (8 warps per SM,
+  // 12% occupancy in ncu at 512 tokens), too few to hide the loads.
+  kTcMinBlocksPerSm = 3,
   kTcTileRows = kTcColTiles * 8,
-  // Tensor cores when the pairs give at least this many rows of x per expert on average.
-  kTcMinRowsPerExpert = 8,
   // Decode without a plan: one GEMV block row per (pair, weight-row tile), each pair's expert read
   // directly (a repeated expert comes from L2), when there are at most this many rows of x in all.
   kPairsMaxRows = 64,

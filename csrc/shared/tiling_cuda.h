@@ -21,7 +21,6 @@ enum : int {
   // stage is kStagedSubSteps steps when K allows (one 16-byte scale copy per row), else one step.
   kStages = 3,
   kStagedSubSteps = 2,
-  kStageScaleBytesPerStep = kStepK / fp4::kBlockSize,  // scale bytes per weight row and step
   kMaxStagedColTiles = 4,   // x-row tiles of 8 per staged block (32 rows of x; wider would spill)
   kStagedWarpsPerSm = 8,    // the staged kernel's grid: about this many warps per SM (measured)
   kStagedOneRowWarpsPerSm = 16,  // ... with one row of x: one row tile per warp, more warps
@@ -49,17 +48,23 @@ enum : int {
   kWgmmaStageK = 256,
   kWgmmaSliceK = 16,        // K of one wgmma
   kWgmmaXBoxK = 64,         // x values per TMA box row: 128 bytes, the 128-byte swizzle span
-  kWgmmaTileMSmall = 32,    // x rows per block: M <= 32, <= 64, else 128
+  kWgmmaTileMSmall = 32,    // x rows per block (WgmmaConfig::tile_m)
   kWgmmaTileMMid = 64,
-  kWgmmaTileMLarge = 128,
+  kWgmmaTileMLarge = 128,   // only 2 stages fit its ring: never faster by > 6% in the sweep, never planned
   kWgmmaMaxStages = 6,
   kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
   kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
+  kWgmmaAutoMaxSplits = 2,  // ... the plan's: 4 was slower than 2 or 1 at every point of the sweep
+  kWgmmaSmallTileMaxM = 64,  // the plan tries 32-row x tiles up to here (measured up to M = 64)
   kWgmmaMinStagesPerSplit = 4,
-  // Automatic dispatch to the wgmma kernel for kWgmmaMinM <= M <= kWgmmaMaxM; 0 = never (not yet
-  // measured on a GPU: opt-in through MLX_FP4_CUDA_PATH=wgmma).
-  kWgmmaMinM = 0,
-  kWgmmaMaxM = 0,
+  // Automatic dispatch to the wgmma kernel for kWgmmaMinM <= M <= kWgmmaMaxM (H200, kernel
+  // harness, docs/cuda.md): at M = 32 it beats the staged kernel on 8192^2 (24.5 vs 32.8 us) and
+  // 14336 x 4096 (22.5 vs 32.7), loses on 4096 x 14336 (34.2 vs 30.5); for 17 <= M <= 32 both run
+  // the same 32-row tiles. Up to M = 192 it beats dequantize + cuBLASLt (8192^2 M = 128: 47.7 vs
+  // 84.7 us; M = 192: 91 vs 93, 14336 x 4096 82 vs 78, 4096 x 14336 72 vs 85); at M = 256
+  // 14336 x 4096 loses 107 vs 85 (the Llama MLP up/gate shape), at 512 all three lose.
+  kWgmmaMinM = 17,
+  kWgmmaMaxM = 192,
 
   // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
@@ -67,6 +72,9 @@ enum : int {
   kDequantThreads = 128,
   kDequantWords = 4,
 };
+
+// Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
+FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
 
 }  // namespace cuda_tiling
 }  // namespace fp4

@@ -1,4 +1,4 @@
-"""Tensor parallelism for NVFP4 layers on MLX's own distributed stack.
+"""Tensor parallelism for FP4 layers (nvfp4, mxfp4) on MLX's own distributed stack.
 
 Everything here runs on ``mx.distributed`` (ring, mpi, nccl, jaccl; started with
 ``mlx.launch``); there is no communication layer of our own.
@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from . import convert, ops
 from .convert import global_scales, progress_bar
-from .formats import BITS, GROUP_SIZE, MODE
+from .formats import BITS, MODE, MODE_DEFAULTS, check_config, check_no_global_scale
 from .layers import FP4AllToShardedLinear, FP4Linear, FP4ShardedToAllLinear, is_fp4_linear
 from .layers.sharded import (
     Segments,
@@ -76,7 +76,7 @@ def shard_linear(
     An :class:`mlx_fp4.nn.FP4Linear` becomes an :class:`FP4AllToShardedLinear` or
     :class:`FP4ShardedToAllLinear` (same bytes, sliced; global scale kept).
     Any other module goes to MLX's ``shard_linear`` unchanged. Raises ValueError
-    (on every rank) when K cannot be split on 16-element block boundaries.
+    (on every rank) when K cannot be split on the mode's block boundaries (16 / 32 elements).
     """
     _check_sharding(sharding, "mlx_fp4.distributed.shard_linear")
     if isinstance(module, _FP4Sharded):
@@ -107,10 +107,10 @@ def shard_inplace(
     Parameters of :class:`mlx_fp4.nn.FP4Linear` and :class:`mlx_fp4.nn.FP4SwitchLinear`
     layers inside ``module`` (or ``module`` itself) are split consistently: the predicate is
     asked about ``<layer>.weight`` only; its axis and segments are applied to ``weight``
-    (packed columns), ``scales`` (one per 16 K elements) and ``bias`` together. FP4Linear:
+    (packed columns), ``scales`` (one per 16 K elements, 32 in mxfp4) and ``bias`` together. FP4Linear:
     0/-2 rows (bias split with them), 1/-1 K (bias whole). FP4SwitchLinear ``[E, N, K/8]``
     (mlx-lm's MoE plan: gate/up "all-to-sharded" = rows, down "sharded-to-all" = K):
-    1/-2 rows, 2/-1 K, 0/-3 experts (layers/sharded_switch.py). K splits only on 16-element
+    1/-2 rows, 2/-1 K, 0/-3 experts (layers/sharded_switch.py). K splits only on the mode's
     blocks. The global scale stays whole (per-expert scales are split only with the
     experts). Every other parameter is split exactly as MLX does. As with MLX, the module
     does not change type, so it computes a partial result and does no communication.
@@ -157,7 +157,8 @@ def shard_inplace(
         else:
             raise ValueError(f"[{where}] {wpath}: axis {axis} is not an axis of a 2-D weight.")
         w, scales, bias, _, _, _ = _fp4_arrays(m, f"{where}: {path or 'module'}")
-        w, scales, bias = _shard_fp4_arrays(w, scales, bias, kind, segs, group, f"{where}: {path or 'module'}")
+        w, scales, bias = _shard_fp4_arrays(w, scales, bias, kind, segs, group, f"{where}: {path or 'module'}",
+                                            block=m.group_size)
         plans[path] = {"weight": w, "scales": scales, "bias": bias}
 
     new = []
@@ -185,7 +186,7 @@ def shard_inplace(
 # mlx-lm models
 # --------------------------------------------------------------------------- #
 class _ShardProxy(nn.QuantizedLinear):
-    """MLX's nvfp4 ``QuantizedLinear`` over an FP4Linear's bytes (no global scale), for the
+    """MLX's nvfp4 / mxfp4 ``QuantizedLinear`` over an FP4Linear's bytes (no global scale), for the
     duration of ``model.shard()``: MLX's ``shard_linear``/``shard_inplace`` split it as their
     own, and :func:`shard_model` turns the result back into an FP4 layer. Reading ``.weight``
     (MLX's sharded constructors start there) or ``parameters()`` notes the path, so a failed
@@ -193,7 +194,7 @@ class _ShardProxy(nn.QuantizedLinear):
 
     def __init__(self, layer: FP4Linear, path: str, log: list):
         nn.Module.__init__(self)
-        self.group_size, self.bits, self.mode = GROUP_SIZE, BITS, MODE
+        self.group_size, self.bits, self.mode = layer.group_size, layer.bits, layer.mode
         self.biases = None
         self.weight, self.scales = layer.weight, layer.scales
         if "bias" in layer:
@@ -273,7 +274,7 @@ def _back_to_fp4(m: nn.Module, source: FP4Linear, path: str) -> Optional[nn.Modu
         if m["weight"] is source["weight"] and m["scales"] is source["scales"]:
             return source  # not split
         cls = None
-    elif _sharded_kind(m) == "nvfp4":
+    elif _sharded_kind(m) == source.mode:
         cls = _CLASSES[
             "all-to-sharded"
             if isinstance(m, _mlx_dist.QuantizedAllToShardedLinear)
@@ -282,15 +283,15 @@ def _back_to_fp4(m: nn.Module, source: FP4Linear, path: str) -> Optional[nn.Modu
     else:
         return None
     k = m["weight"].shape[1] * (32 // BITS)
-    if m["scales"].shape[1] * GROUP_SIZE != k:
+    if m["scales"].shape[1] * source.group_size != k:
         raise ValueError(
             f"{path}: [mlx_fp4.distributed.shard_model] the model's plan split K off the "
-            f"16-element NVFP4 block boundaries (weight holds {k} K elements, scales "
-            f"{m['scales'].shape[1]} blocks); split K on block boundaries."
+            f"{source.group_size}-element {source.mode} block boundaries (weight holds {k} K "
+            f"elements, scales {m['scales'].shape[1]} blocks); split K on block boundaries."
         )
     if cls is None:  # split in place by shard_inplace: still an unsharded layer type
         return FP4Linear.from_quantized(m, global_scale=source.get("global_scale"))
-    new = cls._blank(m.group, source.get("global_scale"))
+    new = cls._blank(m.group, source.get("global_scale"), source.mode)
     new.weight, new.scales = m["weight"], m["scales"]
     if "bias" in m:
         new.bias = m["bias"]
@@ -318,12 +319,12 @@ def shard_model(model: nn.Module, group: Optional[mx.distributed.Group] = None) 
     Runs the model's own plan, ``model.shard(group)`` (q/k/v/gate/up all-to-sharded,
     o/down sharded-to-all, heads divided; MoE experts split in place, gate/up by rows and down
     along K, with one ``all_sum`` in the MoE block). Every FP4Linear is handed to it as an MLX
-    nvfp4 ``QuantizedLinear`` over the same bytes, every FP4SwitchLinear as its arrays without
+    ``QuantizedLinear`` of its mode over the same bytes, every FP4SwitchLinear as its arrays without
     the per-expert global scales; afterwards what MLX's ``shard_linear`` made of a linear
     becomes an :class:`FP4AllToShardedLinear`/:class:`FP4ShardedToAllLinear`, what
     ``shard_inplace`` split stays an FP4Linear / FP4SwitchLinear, each with its global
     scale(s) whole. Everything else is sharded by MLX. Works before or after ``mlx_fp4.nn.quantize``; for a model sharded first
-    use :func:`quantize`. If a layer cannot be split (e.g. K not on 16-element blocks) every
+    use :func:`quantize`. If a layer cannot be split (e.g. K not on the mode's blocks) every
     rank raises ValueError naming the layer and the model is left partly sharded: rebuild it.
     """
     shard = getattr(model, "shard", None)
@@ -334,12 +335,6 @@ def shard_model(model: nn.Module, group: Optional[mx.distributed.Group] = None) 
         )
     group = group or mx.distributed.init()
     sources = {p: m for p, m in model.named_modules() if p and isinstance(m, (FP4Linear, FP4SwitchLinear))}
-    for p, m in sources.items():
-        if isinstance(m, FP4Linear) and m.mode != MODE:
-            raise ValueError(
-                f"{p}: [mlx_fp4.distributed.shard_model] the sharded linear layers hold mode='nvfp4' only "
-                f"but this FP4Linear has mode={m.mode!r} (FP4SwitchLinear experts shard in either mode)."
-            )
     log: list = []
     if sources:
         def proxy(p, m):
@@ -366,8 +361,9 @@ def _sharded_kind(m) -> Optional[str]:
     if isinstance(m, (_mlx_dist.AllToShardedLinear, _mlx_dist.ShardedToAllLinear)):
         return "float"
     if isinstance(m, (_mlx_dist.QuantizedAllToShardedLinear, _mlx_dist.QuantizedShardedToAllLinear)):
-        if getattr(m, "mode", None) == MODE and m.get("biases") is None:
-            return "nvfp4"
+        mode = getattr(m, "mode", None)
+        if mode in MODE_DEFAULTS and m.get("biases") is None:
+            return mode  # "nvfp4" or "mxfp4"
     return None
 
 
@@ -383,7 +379,7 @@ def group_max(local: mx.array, group: mx.distributed.Group) -> mx.array:
     return mx.max(mx.distributed.all_sum(rows, group=group), axis=0)
 
 
-def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
+def _switch_shards(model, class_predicate, global_scale, group, where, mode=MODE) -> None:
     """The experts of a model sharded first, before convert.quantize: mlx-lm's plan split them in
     place (type unchanged), so each rank holds row or K slices of every expert. Without a global
     scale convert.quantize's per-shard quantization is already the sliced bytes (blocks never
@@ -406,7 +402,7 @@ def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
         if sel is False or sel is None:
             continue
         opts = sel if isinstance(sel, dict) else {}
-        if opts.get("mode", MODE) != MODE:
+        if opts.get("mode", mode) != MODE:
             continue  # no global scale outside nvfp4: convert.quantize's per-shard bytes are exact
         gs = opts.get("global_scale", global_scale)
         if not isinstance(gs, bool):
@@ -431,6 +427,7 @@ def _switch_shards(model, class_predicate, global_scale, group, where) -> None:
 def quantize(
     model: nn.Module,
     *,
+    mode: str = MODE,
     class_predicate=None,
     global_scale: bool = False,
     progress: bool = True,
@@ -441,9 +438,9 @@ def quantize(
     MLX's sharded layers become FP4 sharded layers:
     ``AllToShardedLinear``/``ShardedToAllLinear`` (float) are quantized shard by
     shard; nvfp4 ``QuantizedAllToShardedLinear``/``QuantizedShardedToAllLinear``
-    are wrapped without copying bytes. Then :func:`mlx_fp4.nn.quantize` converts
-    the remaining (unsharded) linears. ``class_predicate(path, module)`` and
-    ``global_scale`` as in :func:`mlx_fp4.nn.quantize`.
+    are wrapped without copying bytes (mxfp4 ones too). Then :func:`mlx_fp4.nn.quantize` converts
+    the remaining (unsharded) linears. ``mode`` (``"nvfp4"`` or ``"mxfp4"``, no global scale),
+    ``class_predicate(path, module)`` and ``global_scale`` as in :func:`mlx_fp4.nn.quantize`.
 
     The result equals converting first and sharding after, bit for bit, when
     the earlier split of K was on 16-element boundaries: blocks never straddle
@@ -468,13 +465,17 @@ def quantize(
         sel = True if class_predicate is None else class_predicate(path, m)
         if sel is False or sel is None:
             continue
-        opts = {"global_scale": global_scale, **(sel if isinstance(sel, dict) else {})}
-        for key, want in (("group_size", GROUP_SIZE), ("bits", BITS), ("mode", MODE)):
-            if key in opts and opts.pop(key) not in (None, want):
-                raise ValueError(f"[{where}] {path}: only nvfp4 (16/4/'nvfp4') is supported.")
+        opts = {"global_scale": global_scale, "mode": mode, **(sel if isinstance(sel, dict) else {})}
+        layer_mode = kind if kind in MODE_DEFAULTS else opts["mode"]  # MLX's quantized: its bytes
+        group_size, _ = check_config(opts.pop("group_size", None), opts.pop("bits", None), opts.pop("mode"),
+                                     f"{where}: {path}")
+        if kind in MODE_DEFAULTS:
+            group_size = MODE_DEFAULTS[kind][0]
         gs = opts.pop("global_scale")
         if not isinstance(gs, bool):
             raise ValueError(f"[{where}] {path}: global_scale expected True or False but got {gs!r}.")
+        if kind == "float":
+            check_no_global_scale(layer_mode, gs, f"{where}: {path}")
         if opts:
             raise ValueError(f"[{where}] unknown options for {path}: {sorted(opts)}.")
         sharding = (
@@ -484,17 +485,17 @@ def quantize(
         )
         if kind == "float":
             k = m.weight.shape[-1]
-            if k % GROUP_SIZE:
+            if k % group_size:
                 raise ValueError(
                     f"[{where}] {path}: the local K slice has {k} elements, not a multiple of "
-                    f"16 (NVFP4 blocks); shard on 16-element block boundaries."
+                    f"{group_size} ({layer_mode} blocks); shard on {group_size}-element block boundaries."
                 )
-        todo.append((path, m, kind, sharding, gs))
+        todo.append((path, m, kind, sharding, gs, layer_mode))
 
     # One collective per group for all global scales (batched; same order on every rank).
     amax = {}
     by_group = {}
-    for path, m, kind, sharding, gs in todo:
+    for path, m, kind, sharding, gs, _ in todo:
         if kind == "float" and gs:
             by_group.setdefault(id(m.group), (m.group, []))[1].append(path)
     mods = {p: m for p, m, *_ in todo}
@@ -507,17 +508,17 @@ def quantize(
 
     it = progress_bar(todo, "mlx_fp4: quantizing shards", progress)
     converted = []
-    for path, m, kind, sharding, gs in it:
+    for path, m, kind, sharding, gs, layer_mode in it:
         cls = _CLASSES[sharding]
-        if kind == "nvfp4":
-            new = cls._blank(m.group, None)
+        if kind in MODE_DEFAULTS:  # MLX's nvfp4 / mxfp4 sharded layer: same bytes
+            new = cls._blank(m.group, None, kind)
             new.weight, new.scales = m.weight, m.scales
         else:
             w = m.weight
             # With a global scale: the amax of the whole (group-wide) tensor, as unsharded.
             g = amax[path] if gs else None
-            packed, scales = ops.quantize(w) if g is None else ops.quantize(w, global_scale=g)
-            new = cls._blank(m.group, g)
+            packed, scales = ops.quantize(w, mode=layer_mode) if g is None else ops.quantize(w, global_scale=g)
+            new = cls._blank(m.group, g, layer_mode)
             new.weight = packed.view(mx.uint32)
             new.scales = scales
         if "bias" in m:
@@ -528,6 +529,6 @@ def quantize(
     if converted:
         model.update_modules(tree_unflatten(converted))
 
-    _switch_shards(model, class_predicate, global_scale, group or mx.distributed.init(), where)
-    convert.quantize(model, class_predicate=class_predicate, global_scale=global_scale, progress=progress)
+    _switch_shards(model, class_predicate, global_scale, group or mx.distributed.init(), where, mode)
+    convert.quantize(model, mode=mode, class_predicate=class_predicate, global_scale=global_scale, progress=progress)
     return model

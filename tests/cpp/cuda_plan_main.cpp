@@ -6,6 +6,7 @@
 //   plan_mxfp4 ...: the same for MXFP4 scales
 //   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
 //     -> "vector staged wgmma"           (vector_loads_ok, staged_loads_ok, wgmma_loads_ok)
+//   loads_mxfp4 ...: the same for MXFP4 scales (E8M0 per 32)
 // Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90, the wgmma kernel built).
 #include <cstdint>
 #include <iostream>
@@ -49,7 +50,8 @@ int main() {
                                    wg_o == "-" ? nullptr : wg_o.c_str());
       std::cout << path_name(plan.path) << ' ' << plan.tc.mt << ' ' << plan.tc.rt << ' ' << plan.tc.kw << ' '
                 << int(plan.staged) << ' ' << plan.wg.tile_m << ' ' << plan.wg.splits << '\n';
-    } else if (what == "loads") {
+    } else if (what == "loads" || what == "loads_mxfp4") {
+      p.mode = what == "loads" ? fp4::kModeNvfp4 : fp4::kModeMxfp4;
       uintptr_t x = 0, w = 0, s = 0;
       in >> p.k >> p.w_row_bytes >> p.scale_row_bytes >> x >> w >> s;
       const auto* xp = reinterpret_cast<const void*>(x);

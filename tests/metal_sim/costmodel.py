@@ -1,5 +1,6 @@
 """The Metal cost model: executed instructions per weight, by class, for our kernels and MLX's
-own nvfp4 kernels, counted the same way for both (ir_count.py + src/counters.cpp).
+own kernels, in both FP4 modes (nvfp4, mxfp4), counted the same way for both (ir_count.py +
+src/counters.cpp).
 
 A counting runner is the kernel translation unit as clang-19 -O2 optimizes it for a scalar
 machine (no auto-vectorization), instrumented per basic block and per memory access, then run by
@@ -64,7 +65,7 @@ def counting_env(count_file):
 
 
 # ---------------------------------------------------------------------------------------------
-# The grid of issue 15: every M, three weight shapes, ours and MLX's (bf16 x and output).
+# The grid of issue 15: every M, three weight shapes, ours and MLX's (bf16 x and output), per mode.
 
 GRID_M = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
 GRID_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
@@ -78,22 +79,28 @@ MLX_GPU = (16, "s")  # MLX's dispatch for an M4 Max-class GPU (architecture gen 
 OUR_KERNELS = [f"mlx_fp4_w4a16_gemv_mt{mt}_xbf16_obf16" for mt in (1, 2, 4, 8, 16)] + [
     "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_obf16", "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_obf16",
     "mlx_fp4_w4a16_splitk_reduce_obf16"]
-ROW_KEYS = ["impl", "kernel", "m", "n", "k", "instructions_per_weight",
+MODES = ["nvfp4", "mxfp4"]
+ROW_KEYS = ["impl", "mode", "kernel", "m", "n", "k", "instructions_per_weight",
             "device_bytes_per_weight", "threadgroup_bytes_per_weight", "barriers_per_1k_weights"]
 
 
-def _problem(m, n, k):
+# Scale bytes of the counted problems: E4M3 0x20..0x47 (2^-5 .. 15), E8M0 120..135 (2^-7 .. 2^8).
+SCALE_CODES = {"nvfp4": (0x20, 0x48, 16), "mxfp4": (120, 136, 32)}
+
+
+def _problem(m, n, k, mode="nvfp4"):
     import ml_dtypes
     import numpy as np
 
-    g = np.random.default_rng([m, n, k])
+    lo, hi, block = SCALE_CODES[mode]
+    g = np.random.default_rng([m, n, k] + ([] if mode == "nvfp4" else [block]))
     packed = g.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
-    scales = g.integers(0x20, 0x48, size=(n, k // 16), dtype=np.uint8)
+    scales = g.integers(lo, hi, size=(n, k // block), dtype=np.uint8)
     x = g.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
     return x, packed, scales
 
 
-def ours_row(runner, work, m, n, k):
+def ours_row(runner, work, m, n, k, mode="nvfp4"):
     import simcase as sc
 
     plan = sc.run_plan(runner, m, n, k, sc.BF16, sc.BF16)
@@ -105,14 +112,14 @@ def ours_row(runner, work, m, n, k):
     force = f"{force}k{split}" if force else "gemv" + name[len("gemv_mt"):]
     if split > 1:
         name += f"_splitk{split}"
-    x, packed, scales = _problem(m, SIM_N, k)
+    x, packed, scales = _problem(m, SIM_N, k, mode)
     count = Path(work) / "ours.counts"
     os.environ["MSIM_COUNT_OUT"] = str(count)
     try:
         _, sim_plan = sc.run_case(runner, Path(work) / "ours", m=m, n=SIM_N, k=k,
                                   x=x.astype("float32"), w_packed=packed, scales=scales,
                                   x_dtype=sc.BF16, out_dtype=sc.BF16, guard="aligned",
-                                  force=force)
+                                  force=force, mode=MODES.index(mode))
     finally:
         del os.environ["MSIM_COUNT_OUT"]
     assert sim_plan["kernel"][0] == kernel, (sim_plan, kernel)
@@ -121,14 +128,14 @@ def ours_row(runner, work, m, n, k):
     return name, s
 
 
-def mlx_row(runner, work, m, n, k):
+def mlx_row(runner, work, m, n, k, mode="nvfp4"):
     import mlx_kernels as mk
 
-    kind, params = mk.mlx_plan(m, n, k, gpu=MLX_GPU)
-    x, packed, scales = _problem(m, SIM_N, k)
+    kind, params = mk.mlx_plan(m, n, k, gpu=MLX_GPU, mode=mode)
+    x, packed, scales = _problem(m, SIM_N, k, mode)
     count = Path(work) / "mlx.counts"
     mk.launch(runner, Path(work) / "mlx", x, packed, scales, kind=kind, dtype="bfloat16",
-              env=counting_env(count), **params)
+              env=counting_env(count), mode=mode, **params)
     cls, mem = read_counts(runner, count)
     threads = 128 if kind.startswith("qmm") else 64
     s = summarize(cls, mem, SIM_N * k, threads)
@@ -144,7 +151,7 @@ def mlx_row(runner, work, m, n, k):
     return kind, s
 
 
-def compute(grid_m=GRID_M, grid_nk=GRID_NK, work=None, log=print):
+def compute(grid_m=GRID_M, grid_nk=GRID_NK, work=None, log=print, modes=MODES):
     import tempfile
 
     import mlx_kernels as mk
@@ -155,23 +162,29 @@ def compute(grid_m=GRID_M, grid_nk=GRID_NK, work=None, log=print):
     mlx = mk.build_runner(count=True)
     work = Path(work or tempfile.mkdtemp(prefix="costmodel"))
     rows, classes = [], []
-    for n, k in grid_nk:
-        for m in grid_m:
-            for impl, fn, runner in (("mlx_fp4", ours_row, ours), ("mlx", mlx_row, mlx)):
-                kernel, s = fn(runner, work, m, n, k)
-                row = dict(zip(ROW_KEYS, [impl, kernel, m, n, k, s["instructions_per_weight"],
-                                          s["device_bytes_per_weight"],
-                                          s["threadgroup_bytes_per_weight"],
-                                          s["barriers_per_1k_weights"]]))
-                rows.append(row)
-                classes.append({"impl": impl, "kernel": kernel, "m": m, "n": n, "k": k,
-                                **s["by_class"],
-                                "private_accesses_per_weight": s["private_accesses_per_weight"]})
-                log(f"{impl:8s} {kernel:22s} m={m:5d} n={n:5d} k={k:5d} "
-                    f"instr/w {row['instructions_per_weight']:8.2f} "
-                    f"dev B/w {row['device_bytes_per_weight']:6.3f} "
-                    f"tg B/w {row['threadgroup_bytes_per_weight']:6.2f}")
+    for mode in modes:
+        for n, k in grid_nk:
+            for m in grid_m:
+                for impl, fn, runner in (("mlx_fp4", ours_row, ours), ("mlx", mlx_row, mlx)):
+                    row, cls = _row(impl, mode, fn(runner, work, m, n, k, mode), m, n, k)
+                    rows.append(row)
+                    classes.append(cls)
+                    log(f"{impl:8s} {mode} {row['kernel']:22s} m={m:5d} n={n:5d} k={k:5d} "
+                        f"instr/w {row['instructions_per_weight']:8.2f} "
+                        f"dev B/w {row['device_bytes_per_weight']:6.3f} "
+                        f"tg B/w {row['threadgroup_bytes_per_weight']:6.2f}")
     return rows, classes
+
+
+def _row(impl, mode, counted, m, n, k):
+    """The cost_model.json row and the by-class row of one counted dispatch."""
+    kernel, s = counted
+    row = dict(zip(ROW_KEYS, [impl, mode, kernel, m, n, k, s["instructions_per_weight"],
+                              s["device_bytes_per_weight"], s["threadgroup_bytes_per_weight"],
+                              s["barriers_per_1k_weights"]]))
+    cls = {"impl": impl, "mode": mode, "kernel": kernel, "m": m, "n": n, "k": k, **s["by_class"],
+           "private_accesses_per_weight": s["private_accesses_per_weight"]}
+    return row, cls
 
 
 def main(argv):

@@ -1,4 +1,4 @@
-"""MLX 0.32.4's own nvfp4 Metal kernels in metal_sim: the baseline our kernels are measured
+"""MLX 0.32.4's own nvfp4 and mxfp4 Metal kernels in metal_sim: the baseline our kernels are measured
 against, and a check of the simulator on code it was not written for.
 
 Nothing of MLX is committed. At test time the mlx-metal 0.32.4 wheel (PyPI, macOS arm64; pinned
@@ -32,7 +32,10 @@ KERNELS = "mlx/backend/metal/kernels"
 HEADERS = [f"{KERNELS}/utils.h", f"{KERNELS}/steel/gemm/gemm.h", f"{KERNELS}/quantized_utils.h",
            f"{KERNELS}/fp_quantized.h"]
 SKIP = {f"{KERNELS}/bf16_math.h"}
-GROUP = 16  # nvfp4
+# The fp kernels' group size picks the scale format (fp_quantized.h dequantize_scale): 16 reads
+# E4M3 (nvfp4), 32 reads E8M0 (mxfp4).
+GROUPS = {"nvfp4": 16, "mxfp4": 32}
+K_LANES = 16  # fp_qmv_wide: lanes reducing K per output row (MLX's host: 16 for the fp modes)
 BITS = 4
 TYPES = {"float32": "float", "float16": "float16_t", "bfloat16": "bfloat16_t"}
 SIMD = 32
@@ -105,8 +108,9 @@ def amalgamate(inc):
 # Instantiations (host names are ours; template arguments as MLX's quantized.cpp passes them).
 
 
-def name(kind, dtype, *extra):
-    return "_".join(["mlx", kind, dtype, *map(str, extra)])
+def name(kind, dtype, *extra, mode="nvfp4"):
+    tag = [] if mode == "nvfp4" else [mode]
+    return "_".join(["mlx", kind, dtype, *map(str, extra), *tag])
 
 
 def instantiation(host, fn, args):
@@ -116,23 +120,26 @@ def instantiation(host, fn, args):
 
 def all_instantiations():
     lines = []
-    for dt, t in TYPES.items():
-        for gs in (False, True):
-            for fast in (True, False):
-                kind = "qmv_fast" if fast else "qmv"
-                # <T, group_size, bits, batched, partial_rows, has_global_scale, results>
-                args = [t, GROUP, BITS, "false", "false", str(gs).lower(), 4]
-                lines.append(instantiation(name(kind, dt, int(gs)), f"fp_{kind}", args))
-        for nv in range(1, 6):
-            lines.append(instantiation(name("qmv_wide", dt, nv), "fp_qmv_wide",
-                                       [t, GROUP, BITS, nv, 16, "false"]))
-        for aligned in (True, False):
-            for gs in (False, True):
-                lines.append(instantiation(name("qmm_t", dt, int(aligned), int(gs)), "fp_qmm_t",
-                                           [t, GROUP, BITS, str(aligned).lower(), "false",
-                                            str(gs).lower()]))
-            lines.append(instantiation(name("qmm_t_splitk", dt, int(aligned)), "fp_qmm_t_splitk",
-                                       [t, GROUP, BITS, str(aligned).lower()]))
+    for mode, group in GROUPS.items():
+        # mxfp4 has no global scale (MLX's host passes none)
+        scales = (False, True) if mode == "nvfp4" else (False,)
+        for dt, t in TYPES.items():
+            for gs in scales:
+                for fast in (True, False):
+                    kind = "qmv_fast" if fast else "qmv"
+                    # <T, group_size, bits, batched, partial_rows, has_global_scale, results>
+                    args = [t, group, BITS, "false", "false", str(gs).lower(), 4]
+                    lines.append(instantiation(name(kind, dt, int(gs), mode=mode), f"fp_{kind}", args))
+            for nv in range(1, 6):
+                lines.append(instantiation(name("qmv_wide", dt, nv, mode=mode), "fp_qmv_wide",
+                                           [t, group, BITS, nv, K_LANES, "false"]))
+            for aligned in (True, False):
+                for gs in scales:
+                    lines.append(instantiation(name("qmm_t", dt, int(aligned), int(gs), mode=mode),
+                                               "fp_qmm_t", [t, group, BITS, str(aligned).lower(),
+                                                            "false", str(gs).lower()]))
+                lines.append(instantiation(name("qmm_t_splitk", dt, int(aligned), mode=mode),
+                                           "fp_qmm_t_splitk", [t, group, BITS, str(aligned).lower()]))
     return lines
 
 
@@ -165,13 +172,14 @@ def get_qmv_batch_limit(k, n, gpu):
     return pick(14, 10, 6) if gen >= 13 else pick(18, 12, 10)
 
 
-def mlx_plan(m, n, k, gpu=(16, "s"), has_global_scale=False):
-    """(kernel kind, parameters) MLX's QuantizedMatmul::eval_gpu runs (no NAX: M1-M4)."""
+def mlx_plan(m, n, k, gpu=(16, "s"), has_global_scale=False, mode="nvfp4"):
+    """(kernel kind, parameters) MLX's QuantizedMatmul::eval_gpu runs (no NAX: M1-M4); the same
+    table for both fp modes (only k_align reads the group size)."""
     if m >= get_qmv_batch_limit(k, n, gpu):
         bm = bn = 32
         tgs = -(-n // bn) * -(-m // bm)
         split = max(1, 512 // tgs)
-        k_align = max(GROUP, 32)
+        k_align = max(GROUPS[mode], 32)
         split = min(split, k // k_align)
         while split > 1 and k % (split * k_align) != 0:
             split -= 1
@@ -209,9 +217,10 @@ def run_exec(runner, spec, env=None, timeout=600):
 
 
 def launch(runner, d, x, w_bytes, scales, *, kind, dtype, global_scale=None, split_k=None,
-           guard="end", slack=0, env=None):
+           guard="end", slack=0, env=None, mode="nvfp4"):
     """Runs MLX's `kind` kernel on x [M, K] (numpy, dtype), w_bytes uint8 [N, K/2], scales
-    uint8 [N, K/16]; returns the output [M, N] as float64 (as MLX returns it, in dtype).
+    uint8 [N, K/16] (mode="mxfp4": [N, K/32]); returns the output [M, N] as float64 (as MLX
+    returns it, in dtype).
     slack: zero bytes appended to the weight and scale buffers (MLX's qmm_t reads past the
     last row when K % 32 != 0; see test_mlx_kernels.py)."""
     d = Path(d)
@@ -231,7 +240,7 @@ def launch(runner, d, x, w_bytes, scales, *, kind, dtype, global_scale=None, spl
     out_path = d / "y.bin"
     gs = int(global_scale is not None)
     if kind in ("qmv_fast", "qmv"):
-        kernel = name(kind, dtype, gs)
+        kernel = name(kind, dtype, gs, mode=mode)
         bufs = {0: wp, 1: sp, 2: gp, 3: xp, 5: _write(d / "k.bin", i32(k)),
                 6: _write(d / "n.bin", i32(n))}
         bufs.update({s: zeros for s in range(7, 14)})
@@ -240,22 +249,22 @@ def launch(runner, d, x, w_bytes, scales, *, kind, dtype, global_scale=None, spl
     elif kind == "qmv_wide":
         tiles = (m + 4) // 5
         nv = -(-m // tiles)
-        kernel = name(kind, dtype, nv)
+        kernel = name(kind, dtype, nv, mode=mode)
         bufs = {0: wp, 1: sp, 2: xp, 4: _write(d / "k.bin", i32(k)),
                 5: _write(d / "n.bin", i32(n)), 6: _write(d / "m.bin", i32(m))}
         bufs.update({s: zeros for s in range(7, 14)})
-        rows_per_tg = (SIMD // 16) * 2
+        rows_per_tg = (SIMD // K_LANES) * 2
         grid, threads = (-(-m // nv), -(-n // rows_per_tg), 1), (32, 2, 1)
         outs = {3: (m * n * np_dt.itemsize, out_path)}
     elif kind == "qmm_t":
-        kernel = name(kind, dtype, int(n % 32 == 0), gs)
+        kernel = name(kind, dtype, int(n % 32 == 0), gs, mode=mode)
         bufs = {0: wp, 1: sp, 2: gp, 3: xp, 5: _write(d / "k.bin", i32(k)),
                 6: _write(d / "n.bin", i32(n)), 7: _write(d / "m.bin", i32(m))}
         bufs.update({s: zeros for s in range(8, 15)})
         grid, threads = (-(-n // 32), -(-m // 32), 1), (32, 2, 2)
         outs = {4: (m * n * np_dt.itemsize, out_path)}
     elif kind == "qmm_t_splitk":
-        kernel = name(kind, dtype, int(n % 32 == 0))
+        kernel = name(kind, dtype, int(n % 32 == 0), mode=mode)
         bufs = {0: wp, 1: sp, 2: xp, 4: _write(d / "k.bin", i32(k)),
                 5: _write(d / "n.bin", i32(n)), 6: _write(d / "m.bin", i32(m)),
                 7: _write(d / "kp.bin", i32(k // split_k)),

@@ -34,15 +34,23 @@ MX_DTYPE = {sc.F32: mx.float32, sc.F16: mx.float16, sc.BF16: mx.bfloat16}
 DTYPES = [sc.F32, sc.F16, sc.BF16]
 
 
-def make_problem(m, n, k, x_dtype, key, row_bytes=None, garbage_padding=False, x_scale=1.0):
-    g = common.rng("metal_sim", m, n, k, x_dtype, key)
+# fp4::Mode codes of the runner's spec, by MLX's mode name.
+MODE_CODE = {"nvfp4": 0, "mxfp4": 1}
+
+
+def make_problem(m, n, k, x_dtype, key, row_bytes=None, garbage_padding=False, x_scale=1.0,
+                 mode="nvfp4"):
+    extra = () if mode == "nvfp4" else (mode,)  # NVFP4 keeps its historical seeds
+    g = common.rng("metal_sim", m, n, k, x_dtype, key, *extra)
     row_bytes = row_bytes or -(-k // 2)
     codes = np.zeros((n, 2 * row_bytes), np.uint8)
     if garbage_padding:
         codes[:] = g.integers(1, 16, size=codes.shape, dtype=np.uint8)
     codes[:, :k] = g.integers(0, 16, size=(n, k), dtype=np.uint8)
     packed = ref.pack_nibbles(codes)
-    scales = g.choice(common.DEFAULT_SCALE_CODES, size=(n, -(-k // 16))).astype(np.uint8)
+    block, codes_used = ((ref.MX_BLOCK, common.DEFAULT_E8M0_CODES) if mode == "mxfp4"
+                         else (ref.BLOCK, common.DEFAULT_SCALE_CODES))
+    scales = g.choice(codes_used, size=(n, -(-k // block))).astype(np.uint8)
     x = (g.standard_normal((m, k)) * x_scale).astype(np.float32)
     x = x.astype(sc.NP_DTYPE[x_dtype]).astype(np.float64)
     return x, packed, scales, g
@@ -91,18 +99,19 @@ EPILOGUES = ["none", "bias_silu", "gate_gelu_clamp_gs", "scale_row_gelu_approx_s
 
 def check(runner, tmp_path, m, n, k, *, x_dtype=sc.BF16, out_dtype=sc.F32, force="auto",
           guard="end", epilogue="none", row_bytes=None, garbage_padding=False, key=0,
-          mutate=None, schedule="forward"):
+          mutate=None, schedule="forward", mode="nvfp4"):
     x, packed, scales, g = make_problem(m, n, k, x_dtype, (key, epilogue), row_bytes,
-                                        garbage_padding)
+                                        garbage_padding, mode=mode)
     if mutate is not None:
         mutate(x, packed, scales)
     sim_ops, ref_ops, gs = epilogue_chain(epilogue, m, n, g)
     out, plan = sc.run_case(runner, tmp_path / "case", m=m, n=n, k=k, x=x, w_packed=packed,
                             scales=scales, x_dtype=x_dtype, out_dtype=out_dtype, global_scale=gs,
-                            epilogue=sim_ops, force=force, guard=guard, schedule=schedule)
+                            epilogue=sim_ops, force=force, guard=guard, schedule=schedule,
+                            mode=MODE_CODE[mode])
     gs32 = None if gs is None else np.float32(gs)
-    _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales, k, gs32)
+    _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales, k, gs32, mode=mode)
     tol = common.TOLERANCES[(MX_DTYPE[x_dtype], MX_DTYPE[out_dtype])]
     y, bound = common.error_bound(acc, mag, k, tol, ref_ops, gs32)
-    common.assert_close(out, y, bound, what=f"{plan.get('kernel')} m={m} n={n} k={k}")
+    common.assert_close(out, y, bound, what=f"{plan.get('kernel')} {mode} m={m} n={n} k={k}")
     return plan

@@ -137,3 +137,27 @@ def test_split_k_on_gpu(monkeypatch, force, m, n, k):
     out = mlx_fp4.w4a16_matmul(x, w, scales, global_scale=0.375, epilogue=epilogue, stream=mx.gpu)
     mx.eval(out)
     common.check_matmul(out, x, w, scales, k=k, global_scale=0.375, epilogue=epilogue)
+
+
+MX_SHAPES = {"gemv": [(1, 70, 37), (4, 256, 512), (13, 70, 100)],
+             "gemm": [(70, 65, 37), (133, 130, 200), (256, 256, 512)]}
+
+
+@needs_kernels
+@pytest.mark.parametrize("force", ALL_CONFIGS)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=common.dname)
+def test_forced_kernel_on_gpu_mxfp4(monkeypatch, force, dtype):
+    """MXFP4 (E8M0 per 32, K % 32 != 0 tails) through every kernel config on the GPU (our
+    kernels: MLX_FP4_METAL_ROUTE=ours, also on an M5)."""
+    import mlx_fp4
+
+    monkeypatch.setenv("MLX_FP4_METAL_KERNEL", force)
+    monkeypatch.setenv("MLX_FP4_METAL_ROUTE", "ours")
+    for m, n, k in MX_SHAPES["gemv" if force.startswith("gemv") else "gemm"]:
+        g = common.rng("metal_gpu_mxfp4", force, m, n, k, common.dname(dtype))
+        x = common.rand_x((m, k), dtype, g)
+        w, scales, _ = common.rand_weights(n, k, g, mode="mxfp4")
+        epilogue = EPILOGUES["bias_silu"](m, n, g)
+        out = mlx_fp4.w4a16_matmul(x, w, scales, epilogue=epilogue, mode="mxfp4", stream=mx.gpu)
+        mx.eval(out)
+        common.check_matmul(out, x, w, scales, k=k, epilogue=epilogue, mode="mxfp4")

@@ -29,30 +29,43 @@ SIM = Path(__file__).resolve().parent
 MUTATIONS = {
     "gemm_loop_barrier": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s0_xbf16_of32",
-        "        mma_strip<XT, BK, true>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);\n"
-        "      }\n"
+        "      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
         "      threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "        mma_strip<XT, BK, true>(acc, src, x, a, s * BK, p.k, x_vec, fm, fn, sg_n);\n"
-        "      }\n"
+        "      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
         "      // planted: barrier removed\n",
     ),
     "gemm_prologue_barrier": (
         "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_of32",
-        "        decode_block16<true>(dst, w, p, n0 + dn, kb, sc);\n"
-        "      }\n"
+        "      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
         "    }\n"
         "    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "        decode_block16<true>(dst, w, p, n0 + dn, kb, sc);\n"
-        "      }\n"
+        "      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
         "    }\n"
         "    // planted: barrier removed\n",
     ),
     "gemm_staged_scale_barrier": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",
         "        threadgroup_barrier(mem_flags::mem_threadgroup);\n"
-        "        decode_block16<false>(dst, w, p, n0 + dn, kb, ss[dn * kBlocks + dblk]);\n",
+        "        // this decode thread's block: dblk (NVFP4), dblk / 2 (MXFP4)\n",
         "        // planted: barrier removed\n"
-        "        decode_block16<false>(dst, w, p, n0 + dn, kb, ss[dn * kBlocks + dblk]);\n",
+        "        // this decode thread's block: dblk (NVFP4), dblk / 2 (MXFP4)\n",
+    ),
+    # MXFP4: the 16-value block assumptions the mode must not inherit.
+    "gemm_mx_scale_per_16": (
+        "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_of32",
+        "  return scale_to_float(kModeMxfp4, scales[long(n) * p.scale_row_bytes + kb / kMxfp4BlockSize]);\n",
+        "  return scale_to_float(kModeMxfp4, scales[long(n) * p.scale_row_bytes + kb / kBlockSize]);"
+        "  // planted\n",
+    ),
+    "gemm_mx_staged_block": (
+        "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",
+        "ss[dn * kMxBlocks + dblk / kMxDecodeThreads]",
+        "ss[dn * kMxBlocks + dblk]  /* planted: one scale per 16 columns */",
+    ),
+    "gemm_mx_staged_word": (
+        "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",
+        "(device const MxScaleWordT*)(srow + s * kMxBlocks)",
+        "(device const MxScaleWordT*)(srow + s * kBlocks)  /* planted: NVFP4 stride */",
     ),
     # The seed's K-tail hazard: A read unmasked past K (the next row, or past the end of x).
     "gemm_a_past_k": (
@@ -108,16 +121,32 @@ def force_of(kernel):
 
 @pytest.mark.parametrize("schedule", ["forward", "reverse"])
 @pytest.mark.parametrize(
-    "name,m,n,k,guard",
-    [("gemm_loop_barrier", 150, 130, 200, "end"),
-     ("gemm_prologue_barrier", 70, 65, 100, "end"),
-     ("gemm_staged_scale_barrier", 150, 128, 256, "aligned")])
+    "name,m,n,k,guard,mode",
+    [("gemm_loop_barrier", 150, 130, 200, "end", "nvfp4"),
+     ("gemm_loop_barrier", 150, 130, 200, "end", "mxfp4"),
+     ("gemm_prologue_barrier", 70, 65, 100, "end", "nvfp4"),
+     ("gemm_prologue_barrier", 70, 65, 100, "end", "mxfp4"),
+     ("gemm_staged_scale_barrier", 150, 128, 256, "aligned", "nvfp4"),
+     ("gemm_staged_scale_barrier", 150, 128, 256, "aligned", "mxfp4")])
 def test_missing_barrier_in_production_kernel_is_caught(mutants, tmp_path, name, m, n, k, guard,
-                                                        schedule):
+                                                        mode, schedule):
     kernel = MUTATIONS[name][0]
     with pytest.raises(AssertionError, match="NaN mismatch|out of tolerance"):
         check(mutants[name], tmp_path, m, n, k, force=force_of(kernel), guard=guard,
-              schedule=schedule)
+              schedule=schedule, mode=mode)
+
+
+@pytest.mark.parametrize(
+    "name,m,n,k,guard",
+    [("gemm_mx_scale_per_16", 70, 65, 200, "end"),
+     ("gemm_mx_staged_block", 150, 128, 256, "aligned"),
+     ("gemm_mx_staged_word", 150, 128, 256, "aligned")])
+def test_mxfp4_block_mixups_are_caught(mutants, tmp_path, name, m, n, k, guard):
+    """A 16-column (NVFP4) block assumption left in an MXFP4 path gives wrong outputs (or a
+    read past the scales): the MXFP4 simulator cases can fail."""
+    kernel = MUTATIONS[name][0]
+    with pytest.raises(AssertionError):
+        check(mutants[name], tmp_path, m, n, k, force=force_of(kernel), guard=guard, mode="mxfp4")
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 src/gather_plan.cpp) plans each launch, the embedded MSL runs on the CPU with guarded buffers, and
 the output is held to the float64 reference (tests/gather_reference.py) with the one tolerance
 table: unsorted / sorted / repeated experts, lhs indices, M > 1, ragged K, global scales (scalar
-and per expert), the chain, out-of-range indices (NaN rows, no read)."""
+and per expert), the chain, out-of-range indices (NaN rows, no read); MXFP4 experts (E8M0 per 32,
+K % 32 != 0 tails, a NaN scale)."""
 
 import subprocess
 
@@ -42,7 +43,7 @@ def gather_sim(embedded_msl):
     return plan, runner
 
 
-def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=()):
+def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=(), mode=0):
     """x [B, M, K] numpy (representable in x_dtype), w_bytes uint8 [E, N, row], scales uint8
     [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 multipliers; epilogue:
     (name, operand array shaped for [P, M, N] or float, p1). Returns out [P, M, N] float64."""
@@ -60,7 +61,7 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
     spec = [f"pairs {pairs}", f"x_batches {b}", f"experts {e}", f"m {m}", f"n {n}", f"k {k}",
             f"w_row_bytes {row}", f"scale_row_bytes {scales.shape[2]}", f"x_dtype {x_dtype}",
             f"out_dtype {out_dtype}", f"has_gs {int(gs is not None)}",
-            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}"]
+            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}", f"mode {mode}"]
     if gs is not None:
         files.append(d / "gs.bin")
         np.asarray(gs, np.float32).reshape(-1).tofile(files[-1])
@@ -95,10 +96,10 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
     return np.fromfile(d / "out.bin", NP_DTYPE[out_dtype]).astype(np.float64).reshape(pairs, m, n)
 
 
-def experts(g, e, n, k):
+def experts(g, e, n, k, mode="nvfp4"):
     from common import rand_weights
 
-    parts = [rand_weights(n, k, g) for _ in range(e)]
+    parts = [rand_weights(n, k, g, mode=mode) for _ in range(e)]
     return np.stack([p[2] for p in parts]), np.stack([np.array(p[1]) for p in parts])
 
 
@@ -148,3 +149,36 @@ def test_out_of_range_pairs_are_nan_and_not_read(gather_sim, tmp_path):
     acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs[[0, 3]], rhs[[0, 3]])
     y, bound = error_bound(acc, mag, 32, TOLERANCES[(mx.float32, mx.float32)])
     assert_close(out[[0, 3]], y, bound, what="in-range pairs")
+
+
+MX_CASES = [  # (x dtype, out dtype, E, N, K, M, pairs, sorted, lhs given)
+    (BF16, BF16, 6, 40, 64, 1, 10, False, False),
+    (F16, F32, 4, 33, 17, 1, 7, True, False),
+    (F32, BF16, 5, 24, 100, 3, 6, False, True),
+    (BF16, F16, 3, 16, 200, 2, 5, True, True),
+]
+
+
+@pytest.mark.parametrize("xd,od,e,n,k,m,pairs,sort,with_lhs", MX_CASES, ids=[str(i) for i in range(len(MX_CASES))])
+def test_gather_kernel_mxfp4_matches_reference(gather_sim, tmp_path, xd, od, e, n, k, m, pairs, sort, with_lhs):
+    """MXFP4 experts (no global scale): the dense GEMV's E8M0 block loop per pair; a NaN scale
+    (0xFF) in expert 0's row 2 poisons that column of expert 0's pairs only."""
+    g = rng("metal-gather-mxfp4", xd, od, e, n, k, m, pairs)
+    w_bytes, scales = experts(g, e, n, k, mode="mxfp4")
+    scales[0, 2, -1] = 0xFF
+    batches = 4 if with_lhs else pairs
+    x = g.standard_normal((batches, m, k)).astype(np.float32)
+    x = np.array(mx.array(x).astype(MX_DTYPE[xd]).astype(mx.float32))
+    rhs = g.integers(0, e, size=pairs).astype(np.uint32)
+    if sort:
+        rhs = np.sort(rhs)
+    rhs[:2] = 0  # expert 0 (the NaN scale), repeated
+    lhs = g.integers(0, batches, size=pairs).astype(np.uint32) if with_lhs else np.arange(pairs, dtype=np.uint32)
+    bias = g.standard_normal(n).astype(np.float32)
+    chain = [("add", bias, None), ("silu", None, None)]
+    out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=xd,
+                     out_dtype=od, epilogue=chain, mode=1)
+    acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs, rhs, mode="mxfp4")
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(MX_DTYPE[xd], MX_DTYPE[od])], [("add", bias), "silu"])
+    assert np.isnan(y[:2, :, 2]).all()
+    assert_close(out, y, bound, what=f"metal gather mxfp4 case x={xd} out={od}")

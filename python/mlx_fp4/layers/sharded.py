@@ -1,5 +1,5 @@
-"""Tensor-parallel NVFP4 layers (``FP4AllToShardedLinear``, ``FP4ShardedToAllLinear``) and
-the arithmetic that splits packed FP4 arrays on 16-element block boundaries.
+"""Tensor-parallel FP4 layers (``FP4AllToShardedLinear``, ``FP4ShardedToAllLinear``; nvfp4 or
+mxfp4) and the arithmetic that splits packed FP4 arrays on block boundaries.
 
 Rules the sharded layers keep:
 
@@ -9,11 +9,11 @@ Rules the sharded layers keep:
   (default; ``reduce_dtype``), ``all_sum`` adds the partials, the bias is added once after the
   sum, then one rounding to the output dtype, i.e. the arithmetic of the unsharded layer up to
   the order of the fp32 sums;
-* the global scale is copied to every shard and applied exactly once, inside each rank's
-  kernel (the sum of partials is linear in it);
-* K is split only on 16-element NVFP4 block boundaries: every split point (of every rank and
-  every segment) must be a multiple of 16, else a ValueError that every rank raises the same
-  way before any communication (no hang).
+* the global scale (nvfp4 only; mxfp4 has none) is copied to every shard and applied exactly
+  once, inside each rank's kernel (the sum of partials is linear in it);
+* K is split only on block boundaries (16 elements in nvfp4, 32 in mxfp4: each scale covers one
+  block): every split point (of every rank and every segment) must be a multiple of the block,
+  else a ValueError that every rank raises the same way before any communication (no hang).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import mlx.nn as nn
 import mlx.nn.layers.distributed as _mlx_dist
 
 from .. import ops
-from ..formats import BITS, GROUP_SIZE, MODE
-from .linear import GlobalScaleMixin, is_fp4_linear, is_mlx_nvfp4, random_fp4_weight
+from ..formats import GROUP_SIZE, MODE, MODE_DEFAULTS, check_config, group_size_of
+from .linear import GlobalScaleMixin, is_fp4_linear, linear_kind, random_fp4_weight
 
 __all__ = ["FP4AllToShardedLinear", "FP4ShardedToAllLinear", "Segments"]
 
@@ -113,13 +113,12 @@ def _take(a: mx.array, pieces, axis: int, unit: int = 1) -> mx.array:
 
 
 def _fp4_arrays(layer, where):
-    """(weight, scales, bias or None, global_scale or None, N, K) of an FP4 source layer."""
+    """(weight, scales, bias or None, global_scale or None, N, K) of an FP4 source layer
+    (nvfp4: scales per 16 K elements; mxfp4: per 32)."""
     mode = getattr(layer, "mode", MODE)
-    if mode != MODE:
-        raise ValueError(
-            f"[{where}] the sharded linear layers hold mode='nvfp4' only but got a layer with "
-            f"mode={mode!r} (its experts, FP4SwitchLinear, shard in either mode)."
-        )
+    if mode not in MODE_DEFAULTS:
+        raise ValueError(f"[{where}] expected an nvfp4 or mxfp4 layer but got mode={mode!r}.")
+    block = group_size_of(mode)
     w = layer["weight"]
     scales = layer["scales"]
     if w.ndim != 2 or w.dtype not in (mx.uint32, mx.uint8):
@@ -129,16 +128,16 @@ def _fp4_arrays(layer, where):
         )
     per = 8 if w.dtype == mx.uint32 else 2
     n, k = w.shape[0], w.shape[1] * per
-    if scales.dtype != mx.uint8 or tuple(scales.shape) != (n, k // GROUP_SIZE) or k % GROUP_SIZE:
+    if scales.dtype != mx.uint8 or tuple(scales.shape) != (n, k // block) or k % block:
         raise ValueError(
-            f"[{where}] scales expected uint8 [{n}, {k // GROUP_SIZE}] for K={k} but got "
+            f"[{where}] scales expected uint8 [{n}, {k // block}] for K={k} ({mode}) but got "
             f"{scales.dtype} {tuple(scales.shape)}."
         )
     return w, scales, layer.get("bias"), layer.get("global_scale"), n, k
 
 
-def _shard_fp4_arrays(w, scales, bias, sharding, segments, group, where):
-    """The local (weight, scales, bias) of this rank."""
+def _shard_fp4_arrays(w, scales, bias, sharding, segments, group, where, block=GROUP_SIZE):
+    """The local (weight, scales, bias) of this rank; ``block``: K elements per scale."""
     n_ranks, r = group.size(), group.rank()
     per = 8 if w.dtype == mx.uint32 else 2
     n, k = w.shape[0], w.shape[1] * per
@@ -149,9 +148,9 @@ def _shard_fp4_arrays(w, scales, bias, sharding, segments, group, where):
         if bias is not None:
             bias = _take(bias, pieces, -1)
     else:
-        pieces = _rank_pieces(k, segments, n_ranks, where, "the input (K)", block=GROUP_SIZE)[r]
+        pieces = _rank_pieces(k, segments, n_ranks, where, "the input (K)", block=block)[r]
         w = _take(w, pieces, 1, unit=per)
-        scales = _take(scales, pieces, 1, unit=GROUP_SIZE)
+        scales = _take(scales, pieces, 1, unit=block)
     return w, scales, bias
 
 
@@ -169,8 +168,8 @@ class _FP4Sharded(GlobalScaleMixin, nn.Module):
         input_dims: int,
         output_dims: int,
         bias: bool = True,
-        group_size: int = GROUP_SIZE,
-        bits: int = BITS,
+        group_size: Optional[int] = None,
+        bits: Optional[int] = None,
         mode: str = MODE,
         group: Optional[mx.distributed.Group] = None,
         *,
@@ -178,25 +177,21 @@ class _FP4Sharded(GlobalScaleMixin, nn.Module):
     ):
         super().__init__()
         name = type(self).__name__
-        if mode != MODE or group_size not in (None, GROUP_SIZE) or bits not in (None, BITS):
-            raise ValueError(
-                f"[{name}] expected group_size=16, bits=4, mode='nvfp4' but got "
-                f"group_size={group_size}, bits={bits}, mode={mode!r}."
-            )
-        self.group_size = GROUP_SIZE
-        self.bits = BITS
-        self.mode = MODE
+        block, self.bits = check_config(group_size, bits, mode, name)
+        self.group_size, self.mode = block, mode
         self.group = group or mx.distributed.init()
         n_ranks = self.group.size()
         if self._sharding == "all-to-sharded":
             _rank_pieces(output_dims, 1, n_ranks, name, "the output (N)")
             local_out, local_in = output_dims // n_ranks, input_dims
-            if input_dims % GROUP_SIZE:
-                raise ValueError(f"[{name}] input_dims expected a multiple of 16 but got {input_dims}.")
+            if input_dims % block:
+                raise ValueError(
+                    f"[{name}] input_dims expected a multiple of {block} ({mode}) but got {input_dims}."
+                )
         else:
-            _rank_pieces(input_dims, 1, n_ranks, name, "the input (K)", block=GROUP_SIZE)
+            _rank_pieces(input_dims, 1, n_ranks, name, "the input (K)", block=block)
             local_out, local_in = output_dims, input_dims // n_ranks
-        self.weight, self.scales = random_fp4_weight(local_out, local_in, input_dims)
+        self.weight, self.scales = random_fp4_weight(local_out, local_in, input_dims, mode)
         if bias:
             self.bias = mx.zeros((local_out if self._sharding == "all-to-sharded" else output_dims,))
         self.global_scale = global_scale
@@ -214,16 +209,17 @@ class _FP4Sharded(GlobalScaleMixin, nn.Module):
     def _extra_repr(self) -> str:
         return (
             f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
-            f"bias={'bias' in self}, group_size=16, bits=4, mode=nvfp4, "
+            f"bias={'bias' in self}, group_size={self.group_size}, bits={self.bits}, mode={self.mode}, "
             f"ranks={self.group.size()}"
             + (", global_scale=True" if "global_scale" in self else "")
         )
 
     @classmethod
-    def _blank(cls, group, global_scale):
+    def _blank(cls, group, global_scale, mode=MODE):
         sl = cls.__new__(cls)
         nn.Module.__init__(sl)
-        sl.group_size, sl.bits, sl.mode = GROUP_SIZE, BITS, MODE
+        sl.group_size, sl.bits = MODE_DEFAULTS[mode]
+        sl.mode = mode
         sl.group = group
         sl.global_scale = global_scale
         return sl
@@ -237,23 +233,25 @@ class _FP4Sharded(GlobalScaleMixin, nn.Module):
         group: Optional[mx.distributed.Group] = None,
     ):
         """Shard an :class:`mlx_fp4.nn.FP4Linear` (or an MLX
-        ``QuantizedLinear(mode="nvfp4")``) for this rank. The local arrays are
+        ``QuantizedLinear(mode="nvfp4" | "mxfp4")``) for this rank. The local arrays are
         slices of the layer's bytes (no re-quantization); the global scale is
         copied. ``segments`` as in MLX (integer split indices are in logical
-        units: output rows for all-to-sharded, K elements for sharded-to-all)."""
+        units: output rows for all-to-sharded, K elements for sharded-to-all, the latter
+        on the mode's block boundaries)."""
         name = f"{cls.__name__}.from_quantized_linear"
         m = quantized_linear_layer
-        if not (is_fp4_linear(m) or is_mlx_nvfp4(m)):
+        if not (is_fp4_linear(m) or linear_kind(m) in MODE_DEFAULTS):
             raise ValueError(
-                f"[{name}] expected an FP4Linear or a QuantizedLinear with mode='nvfp4' "
-                f"but got {type(m).__name__}"
+                f"[{name}] expected an FP4Linear or a QuantizedLinear with mode='nvfp4' or "
+                f"'mxfp4' but got {type(m).__name__}"
                 + (f" with mode={m.mode!r}" if hasattr(m, "mode") else "")
                 + "."
             )
         group = group or mx.distributed.init()
         w, scales, bias, gs, _, _ = _fp4_arrays(m, name)
-        w, scales, bias = _shard_fp4_arrays(w, scales, bias, cls._sharding, segments, group, name)
-        sl = cls._blank(group, gs)
+        w, scales, bias = _shard_fp4_arrays(w, scales, bias, cls._sharding, segments, group, name,
+                                            block=m.group_size)
+        sl = cls._blank(group, gs, m.mode)
         sl.weight, sl.scales = w, scales
         if bias is not None:
             sl.bias = bias
@@ -280,24 +278,26 @@ class _FP4Sharded(GlobalScaleMixin, nn.Module):
             global_scale=self.get("global_scale"),
             epilogue=epilogue or None,
             out_dtype=out_dtype,
+            mode=self.mode,
         )
 
     def dequantized_weight(self, dtype=mx.float32) -> mx.array:
         """This rank's dense weight shard, global scale included."""
         k = self["weight"].shape[1] * self._per
         return ops.dequantize(
-            self["weight"], self["scales"], k=k, global_scale=self.get("global_scale"), dtype=dtype
+            self["weight"], self["scales"], k=k, global_scale=self.get("global_scale"), dtype=dtype,
+            mode=self.mode,
         )
 
 
 class FP4AllToShardedLinear(_FP4Sharded):
-    """Column-parallel NVFP4 linear: every rank holds rows ``[r*N/n, (r+1)*N/n)``
+    """Column-parallel FP4 (nvfp4 or mxfp4) linear: every rank holds rows ``[r*N/n, (r+1)*N/n)``
     of W (and of the bias) and returns its slice of the output; the input is
     the same on every rank. Gradients w.r.t. the input are summed over the group
     (``sum_gradients``), as in ``mlx.nn.AllToShardedLinear``.
 
-    Args: as ``mlx.nn.QuantizedAllToShardedLinear`` (``group_size``/``bits``/
-    ``mode`` must be 16/4/"nvfp4"), plus keyword ``global_scale``.
+    Args: as ``mlx.nn.QuantizedAllToShardedLinear`` (``mode`` "nvfp4" or "mxfp4";
+    ``group_size``/``bits`` the mode's or None), plus keyword ``global_scale`` (nvfp4).
     """
 
     _sharding = "all-to-sharded"
@@ -331,8 +331,8 @@ class FP4AllToShardedLinear(_FP4Sharded):
 
 
 class FP4ShardedToAllLinear(_FP4Sharded):
-    """Row-parallel NVFP4 linear: every rank holds K columns
-    ``[r*K/n, (r+1)*K/n)`` of W (on 16-element block boundaries) and the matching
+    """Row-parallel FP4 (nvfp4 or mxfp4) linear: every rank holds K columns
+    ``[r*K/n, (r+1)*K/n)`` of W (on block boundaries: 16 / 32 elements) and the matching
     slice of the input; the partial products are ``all_sum``-ed and the bias
     (not split) is added once after the sum, so every rank returns the full output.
 

@@ -25,12 +25,12 @@ int main(int argc, char** argv) {
   fp4::GatherW4A16Problem g{};
   fp4::W4A16Problem& p = g.mm;
   // Scalar keys and where they go (ints of several widths: read as int64, then stored).
-  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0;
+  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0;
   const std::map<std::string, int64_t*> fields = {
       {"pairs", &g.pairs}, {"x_batches", &g.x_batches}, {"experts", &g.experts}, {"m", &p.m}, {"n", &p.n},
       {"k", &p.k}, {"w_row_bytes", &p.w_row_bytes}, {"scale_row_bytes", &p.scale_row_bytes},
       {"per_expert", &multiplier_per_expert}, {"x_dtype", &x_dtype}, {"out_dtype", &out_dtype},
-      {"has_gs", &has_gs}};
+      {"has_gs", &has_gs}, {"mode", &mode}};
   std::string key;
   while (spec >> key) {
     if (auto it = fields.find(key); it != fields.end()) {
@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   p.x_dtype = int(x_dtype);
   p.out_dtype = int(out_dtype);
   p.has_global_scale = int(has_gs);
+  p.mode = int(mode);  // fp4::Mode
   g.w_expert_bytes = p.n * p.w_row_bytes;
   g.scale_expert_bytes = p.n * p.scale_row_bytes;
   const fp4::GatherMetalLaunch l = fp4::gather_metal_plan(g, fp4::MetalAddresses{});
