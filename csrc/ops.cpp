@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <variant>
 
 #include "errors.h"
@@ -111,8 +112,15 @@ Checked check(
 
 // A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
 // weights, scales) is passed as is, since every graph node costs host time at each call.
+// An output of our own matmul not yet evaluated (the fused SwiGLU's up projection, every layer):
+// every backend's eval gives it a fresh row-contiguous buffer of its shape.
+bool own_pending_output(const mx::array& a) {
+  return !a.is_available() && a.has_primitive() && typeid(a.primitive()) == typeid(W4A16Matmul);
+}
+
 mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s) {
   if (a.is_available() && a.flags().row_contiguous) return a;
+  if (own_pending_output(a)) return a;  // the kernel's check of the layout still runs at eval
   return mx::contiguous(a, false, s);
 }
 }  // namespace
@@ -146,7 +154,12 @@ std::pair<int, mx::array> canonical_operand(
   if (!varies_col && !varies_row) {
     return {fp4::kOperandScalar, contiguous_input(mx::reshape(v, {}, s), s)};
   }
-  if (varies_col && !varies_row) {
+  // One output row (decode) and an operand of the output's shape made by our matmul from the
+  // same rows (SwiGLU's up projection): already the full [1, N] layout, no reshape node. Other
+  // [1, N] operands stay columns, which a shapeless compile may broadcast over more rows.
+  bool one_row = static_cast<int>(t.ndim()) == on && own_pending_output(t);
+  for (int i = 0; one_row && i + 1 < on; ++i) one_row = out_shape[i] == 1;
+  if (varies_col && !varies_row && !one_row) {
     return {fp4::kOperandCol, contiguous_input(mx::reshape(v, {n}, s), s)};
   }
   // Operands that already have the full leading shape need no broadcast node (which would

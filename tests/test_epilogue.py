@@ -9,6 +9,7 @@ import pytest
 import mlx_fp4 as mx_fp4
 import reference as ref
 from common import (
+    SAFETY,
     TOLERANCES,
     assert_close,
     check_matmul,
@@ -293,3 +294,30 @@ def test_overflow_in_output_cast_gives_inf(device):
     w, scales, _ = rand_weights(2, k, rng("ovf"))
     out = ref.to_numpy(mx_fp4.w4a16_matmul(x, w, scales, epilogue=[("add", mx.array([1e6, -1e6]))]))
     np.testing.assert_array_equal(out[0], [np.inf, -np.inf])
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_operand_from_our_matmul_adds_no_node(device, m):
+    """The fused SwiGLU's pattern: the product of one of our matmuls as the full-shape operand of
+    the next adds no Reshape or Contiguous node (each node costs host time per decode step), and
+    the result equals the unfused one on the same bytes."""
+    import io
+
+    g, x, w, scales, _ = setup(("own-operand", m), m=m, x_dtype=mx.bfloat16)
+    x = x.reshape(1, m, -1)
+    w2, s2, _ = rand_weights(w.shape[0], x.shape[-1], g, layout="uint32")
+    mx.eval(x, w, scales, w2, s2)  # as a model's weights and a layer's input are
+    u = mx_fp4.w4a16_matmul(x, w, scales)
+    y = mx_fp4.w4a16_matmul(x, w2, s2, epilogue=["silu", ("mul", u)])
+    dot = io.StringIO()
+    mx.export_to_dot(dot, y)
+    labels = [line.split('label ="')[1].split('"')[0] for line in dot.getvalue().splitlines() if 'label ="' in line]
+    assert labels.count("W4A16Matmul") == 2 and "Reshape" not in labels and "Contiguous" not in labels, labels
+    acc = mx_fp4.w4a16_matmul(x, w2, s2, out_dtype=mx.float32)
+    expected = (nn.silu(acc) * mx.array(u).astype(mx.float32)).astype(y.dtype)
+    # Both sides round fp32 values equal up to fp32 ulps once to bf16: two output roundings.
+    tol = TOLERANCES[(mx.bfloat16, mx.bfloat16)]
+    np.testing.assert_allclose(
+        np.array(y.astype(mx.float32)), np.array(expected.astype(mx.float32)),
+        rtol=2 * tol.out_u * SAFETY, atol=2 * tol.out_abs,
+    )
