@@ -16,6 +16,7 @@
 #include "mlx_fp4.h"
 #include "op_common.h"
 #include "ops_internal.h"
+#include "gather_primitive.h"
 #include "primitives.h"
 
 namespace mlx::core::cu {
@@ -112,10 +113,12 @@ Checked check(
 
 // A Contiguous node only for arrays that may need one: an evaluated row-contiguous array (model
 // weights, scales) is passed as is, since every graph node costs host time at each call.
-// An output of our own matmul not yet evaluated (the fused SwiGLU's up projection, every layer):
+// An output of our own matmuls not yet evaluated (the fused SwiGLU's up projection, every layer):
 // every backend's eval gives it a fresh row-contiguous buffer of its shape.
 bool own_pending_output(const mx::array& a) {
-  return !a.is_available() && a.has_primitive() && typeid(a.primitive()) == typeid(W4A16Matmul);
+  if (a.is_available() || !a.has_primitive()) return false;
+  const auto& p = typeid(a.primitive());
+  return p == typeid(W4A16Matmul) || p == typeid(GatherW4A16Matmul);
 }
 
 mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s) {
