@@ -26,6 +26,7 @@ import sys
 import time
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..formats import MODE_DEFAULTS
 from .decode_host import host_costs, host_profile, host_table, install_floor, node_cost, step_graph
@@ -119,6 +120,14 @@ def _device(args) -> str:
 # ---- one process: build, decode, time ------------------------------------------------------------
 
 
+def eval_one_by_one(model) -> None:
+    """Evaluate the parameters one array at a time: all at once can hold every float32
+    intermediate (initial values, the quantizer's) next to the results (gpt-oss-20b at 2 layers was
+    killed for memory on a 24 GB machine that way)."""
+    for _, p in tree_flatten(model.parameters()):
+        mx.eval(p)
+
+
 def build_model(preset: str, layers: int, variant: str, seed: int):
     """(model, notes): notes say what a variant's transform did (fused QKV blocks, floor linears)."""
     import importlib
@@ -133,8 +142,13 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     notes = {}
     if variant in FLOORS:  # before the weights are evaluated: the linears' are never made
         notes["floor_linears"] = install_floor(model, kernel=variant == "floor")
-    model.set_dtype(mx.bfloat16)
-    mx.eval(model.parameters())
+    moe = any(type(m).__name__ == "SwitchLinear" for m in model.modules())
+    # MLX's CPU gather_mm is float32 only: there the dense MoE variant keeps float32 weights.
+    dense_f32 = variant == "dense" and moe and mx.default_device() == mx.cpu
+    model.set_dtype(mx.float32 if dense_f32 else mx.bfloat16)
+    if dense_f32:
+        notes["dense_dtype"] = "float32 (MLX's CPU gather_mm is float32 only)"
+    eval_one_by_one(model)
     if variant != "dense" and variant not in FLOORS:
         # Every Linear (the lm_head too) and every SwitchLinear (MoE experts): the same bytes for
         # the three quantized variants.
@@ -142,7 +156,7 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
 
         nn.quantize(model, group_size=MODE_DEFAULTS[mode][0], bits=4, mode=mode,
                     class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
-        mx.eval(model.parameters())
+        eval_one_by_one(model)
     if variant in OURS:
         from mlx_fp4 import nn as fnn
 
@@ -160,7 +174,6 @@ def step_weight_bytes(model) -> int:
     """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads.
     Expert layers count top_k / num_experts of their bytes (the experts one token routes to)."""
     import mlx.nn as nn
-    from mlx.utils import tree_flatten
 
     from mlx_fp4.layers.switch import switch_kind
 
