@@ -141,10 +141,13 @@ struct Problem {
   // The launches of the MLX glue (gather_w4a16_matmul.cpp) for the chosen kernel.
   void launch(cudaStream_t st) {
     const bool vec = vector_loads_ok(g.mm, a.x, a.w);
-    if (kernel == Kind::kPairsTc && batched().func) {
-      W4A16Args b = batched_args(a);
-      run(batched(), b, st);
-      return;
+    if (kernel == Kind::kPairsTc) {
+      const Launch l = batched();
+      if (l.func) {
+        W4A16Args b = batched_args(a);
+        run(l, b, st);
+        return;
+      }
     }
     if (kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
       run(gather_pairs_launch(g, vec), a, st);

@@ -1,5 +1,5 @@
 // GEMV kernels of the gathered W4A16 matmul (decode), fp32 FMA with the SIMT decode of
-// w4a16_simt.cuh: the pair kernel (no plan; grid (weight-row tiles, pairs)) and the grouped one
+// w4a16_simt.cuh (simt_row_pass): the pair kernel (no plan; grid (weight-row tiles, pairs)) and the grouped one
 // (after the plan; grid (weight-row tiles, active-expert slots): a warp streams one weight row of
 // its expert once per kRowsPerPass rows of x, so each active expert's bytes are read once for all
 // its pairs). Included by gather_w4a16_matmul.cu only.
@@ -10,70 +10,6 @@ namespace mlx_fp4 {
 namespace cuda {
 namespace {
 
-// R rows of x against one weight row: acc[r] = sum_k x_r[k] * w[k] (this lane's share). Mode:
-// fp4::Mode (a lane's 32-value chunk holds two NVFP4 scale blocks or one MXFP4 block).
-template <typename XT, bool kVec, int R, int Mode>
-__device__ __forceinline__ void row_pass(const uint8_t* wrow, const uint8_t* srow, int64_t K, int64_t srb,
-                                         const XT* const (&xr)[R], float (&acc)[R]) {
-  constexpr int kBlockBytes = fp4::block_size(Mode) / fp4::kValuesPerByte;
-  constexpr int kBlocksPerChunk = kLaneBytes / kBlockBytes;
-  const int lane = threadIdx.x & 31;
-  const int64_t kbytes = (K + 1) / 2;
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  if constexpr (kVec) {
-    // One 16-byte load = kLaneK values = two scale blocks per lane and chunk.
-    for (int64_t c = lane; c * kLaneK < K; c += 32) {
-      const int64_t k0 = c * kLaneK;
-      const bool full = k0 + kLaneK <= K;
-      uint32_t wv[4] = {0u, 0u, 0u, 0u};
-      if (full) {
-        const uint4 u = load_stream16(wrow + c * kLaneBytes);
-        wv[0] = u.x, wv[1] = u.y, wv[2] = u.z, wv[3] = u.w;
-      } else {
-        for (int64_t b = c * kLaneBytes; b < kbytes; ++b) wv[(b - c * kLaneBytes) / 4] |= uint32_t(wrow[b]) << (8 * (b % 4));
-      }
-      const int64_t b0 = kBlocksPerChunk * c, b1 = b0 + kBlocksPerChunk - 1;
-      const float s[2] = {fp4::scale_to_float(Mode, srow[b0]), b1 < srb ? fp4::scale_to_float(Mode, srow[b1]) : 0.0f};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float wq[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) wq[i] = e2m1_fast(wv[q] >> (4 * i)) * s[q / 2];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float xv[8];
-          if (full) {
-            load8(xr[r] + k0 + 8 * q, xv);
-          } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) xv[i] = k0 + 8 * q + i < K ? to_float(xr[r][k0 + 8 * q + i]) : 0.0f;
-          }
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r] = fmaf(wq[i], xv[i], acc[r]);
-        }
-      }
-    }
-  } else {
-    for (int64_t b = lane; b < kbytes; b += 32) {
-      const uint32_t byte = wrow[b];
-      const float sc = fp4::scale_to_float(Mode, srow[b / kBlockBytes]);
-      const float lo = fp4::e2m1_to_float(byte & fp4::kNibbleMask) * sc;
-      const float hi = 2 * b + 1 < K ? fp4::e2m1_to_float(byte >> fp4::kNibbleBits) * sc : 0.0f;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        acc[r] = fmaf(lo, to_float(xr[r][2 * b]), acc[r]);
-        if (2 * b + 1 < K) acc[r] = fmaf(hi, to_float(xr[r][2 * b + 1]), acc[r]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
-  }
-}
-
 // R rows of x (pointers xr) against weight row n of one expert; lane 0 stores the first `live`
 // rows at out_row.
 template <typename XT, bool kVec, int R, int Mode>
@@ -81,7 +17,7 @@ __device__ __forceinline__ void rows_pass(const GatherArgs& a, const W4A16Args& 
                                           const int64_t (&out_row)[R], int live, const uint8_t* wrow,
                                           const uint8_t* srow, int64_t n, float mult) {
   float acc[R];
-  row_pass<XT, kVec, R, Mode>(wrow, srow, a.g.mm.k, a.g.mm.scale_row_bytes, xr, acc);
+  simt_row_pass<XT, kVec, R, Mode>(wrow, srow, a.g.mm.k, a.g.mm.scale_row_bytes, xr, acc);
   if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -109,14 +45,6 @@ __device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args&
   }
   const int64_t left = rows - r0;
   rows_pass<XT, kVec, R, Mode>(a, ep, xr, out_row, left < R ? int(left) : R, wrow, srow, n, mult);
-}
-
-// The epilogue's view: chain, operands, n (finish reads only these).
-__device__ __forceinline__ W4A16Args epilogue_view(const GatherArgs& a) {
-  W4A16Args ep{};
-  ep.p = a.g.mm;
-  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) ep.operands[i] = a.operands[i];
-  return ep;
 }
 
 // Decode without a plan: grid (weight-row tiles, pairs); a warp computes one weight row of its

@@ -37,6 +37,14 @@ __device__ __forceinline__ bool pair_ok(const GatherArgs& a, int64_t p) {
   return a.lhs[p] < a.g.x_batches && a.rhs[p] < a.g.experts;
 }
 
+// The epilogue's view: chain, operands, n (finish reads only these).
+__device__ __forceinline__ W4A16Args epilogue_view(const GatherArgs& a) {
+  W4A16Args ep{};
+  ep.p = a.g.mm;
+  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) ep.operands[i] = a.operands[i];
+  return ep;
+}
+
 __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherArgs a) {
   using Scan = cub::BlockScan<int32_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;

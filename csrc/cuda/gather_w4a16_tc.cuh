@@ -80,35 +80,16 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_ke
     }
   }
 
-  // Cross-warp reduction in a fixed order, then multiplier, chain and store at the pair's row.
-  constexpr int kSlots = RT * MT * 4;
-  __shared__ float red[kTcWarps * kSlots * 32];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) red[(warp * kSlots + (rt * MT + j) * 4 + c) * 32 + lane] = acc[rt][j][c];
-  __syncthreads();
-  W4A16Args ep{};
-  ep.p = a.g.mm;
-  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) ep.operands[i] = a.operands[i];
+  // The dense kernels' reduction (fixed order), then multiplier, chain and store at the pair's row.
+  __shared__ float red[kTcWarps * RT * MT * 4 * 32];
+  const W4A16Args ep = epilogue_view(a);
   const float mult = a.g.mm.has_global_scale ? a.multiplier[a.g.multiplier_per_expert ? e : 0] : 1.0f;
-  for (int idx = threadIdx.x; idx < kSlots * 32; idx += blockDim.x) {
-    const int slot = idx >> 5;
-    const int ln = idx & 31;
-    float sum = 0.0f;
-    for (int wi = 0; wi < kTcWarps; ++wi) sum += red[(wi * kSlots + slot) * 32 + ln];
-    const int c = slot & 3;
-    const int j = (slot >> 2) % MT;
-    const int rt = (slot >> 2) / MT;
-    const int64_t n = n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0);
-    const int64_t i = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
+  tc_reduce<MT, RT>(acc, red, m_base, n_base, [&](int64_t i, int64_t n, float sum) {
     if (n < N && i < rows) {
       const int64_t out_row = int64_t(v.order[first + i / M]) * M + i % M;
       store_from_float(a.out, a.g.mm.out_dtype, out_row * N + n, finish(ep, sum * tc_acc_scale(Mode), out_row, n, mult));
     }
-  }
+  });
 }
 
 }  // namespace

@@ -346,11 +346,12 @@ __device__ __forceinline__ void fill_scale_table(uint32_t* s_scale) {
   __syncthreads();
 }
 
-// Cross-warp reduction of the accumulators in a fixed order (deterministic), then global scale,
-// epilogue and store. `red` holds nwarps * RT * MT * 4 * 32 floats of shared memory.
-template <int MT, int RT>
-__device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float (&acc)[RT][MT][4], float* red,
-                                                int64_t m_base, int64_t n_base, float acc_scale = kTcAccScale) {
+// Cross-warp reduction of the accumulators in a fixed order (deterministic); store(m, n, sum)
+// gets each tile element's sum (m, n may lie past the problem: the store bounds them). `red`
+// holds nwarps * RT * MT * 4 * 32 floats of shared memory.
+template <int MT, int RT, typename Store>
+__device__ __forceinline__ void tc_reduce(const float (&acc)[RT][MT][4], float* red, int64_t m_base, int64_t n_base,
+                                          Store store) {
   constexpr int kSlots = RT * MT * 4;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -362,7 +363,6 @@ __device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float 
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[(warp * kSlots + (rt * MT + j) * 4 + c) * 32 + lane] = acc[rt][j][c];
   __syncthreads();
-  const float gs = global_scale_of(a);
   for (int idx = threadIdx.x; idx < kSlots * 32; idx += blockDim.x) {
     const int slot = idx >> 5;
     const int ln = idx & 31;
@@ -371,12 +371,20 @@ __device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float 
     const int c = slot & 3;
     const int j = (slot >> 2) % MT;
     const int rt = (slot >> 2) / MT;
-    const int64_t n = n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0);
-    const int64_t m = m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1);
+    store(m_base + j * kMmaCols + 2 * (ln & 3) + (c & 1), n_base + rt * kMmaRows + (ln >> 2) + (c >= 2 ? 8 : 0), sum);
+  }
+}
+
+// The dense kernels' store: rows m of x, global scale, chain, cast.
+template <int MT, int RT>
+__device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float (&acc)[RT][MT][4], float* red,
+                                                int64_t m_base, int64_t n_base, float acc_scale = kTcAccScale) {
+  const float gs = global_scale_of(a);
+  tc_reduce<MT, RT>(acc, red, m_base, n_base, [&](int64_t m, int64_t n, float sum) {
     if (n < a.p.n && m < a.p.m) {
       store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, sum * acc_scale, m, n, gs));
     }
-  }
+  });
 }
 
 }  // namespace

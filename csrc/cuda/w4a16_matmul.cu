@@ -139,15 +139,10 @@ unsigned grid_for_elements(int64_t items) {
   return static_cast<unsigned>(blocks);
 }
 
-}  // namespace
-
-Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged) {
+// Grid, block and shared memory of a tensor-core launch (tc_launch without the kernel handle).
+Launch tc_launch_shape(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged) {
   Launch l;
-  staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
   const int rt = vec ? cfg.rt : 1;
-  const int sub = staged_sub_steps(p.k);
-  l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub)
-                                     : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub);
   const int64_t gx = ceil_div(p.m, kMmaCols * cfg.mt);
   const int64_t gy = ceil_div(p.n, kMmaRows * rt);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
@@ -155,17 +150,27 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   }
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(32 * cfg.kw, 1, 1);
-  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, sub, p.mode)) : 0;
+  l.smem = staged ? static_cast<unsigned>(cfg.kw * kStages * staged_slot_bytes(rt, staged_sub_steps(p.k), p.mode)) : 0;
+  return l;
+}
+
+}  // namespace
+
+Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged) {
+  staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
+  Launch l = tc_launch_shape(p, cfg, vec, staged);
+  const int rt = vec ? cfg.rt : 1;
+  const int sub = staged_sub_steps(p.k);
+  l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub)
+                                     : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub);
   return l;
 }
 
 Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products) {
-  Launch l;
   const Plan plan = plan_w4a16(p, dev, vec, vec, nullptr, nullptr);
-  if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return l;
-  l = tc_launch(p, plan.tc, vec, true);
-  const int sub = staged_sub_steps(p.k);
-  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, sub);
+  if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return Launch{};
+  Launch l = tc_launch_shape(p, plan.tc, true, true);
+  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, staged_sub_steps(p.k));
   l.grid.z = static_cast<unsigned>(products);
   return l;
 }
