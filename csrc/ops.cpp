@@ -121,12 +121,13 @@ bool own_pending_output(const mx::array& a) {
   return p == typeid(W4A16Matmul) || p == typeid(GatherW4A16Matmul);
 }
 
+}  // namespace
+
 mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s) {
   if (a.is_available() && a.flags().row_contiguous) return a;
   if (own_pending_output(a)) return a;  // the kernel's check of the layout still runs at eval
   return mx::contiguous(a, false, s);
 }
-}  // namespace
 
 // Classify and canonicalize one operand against the output shape (see OperandKind).
 std::pair<int, mx::array> canonical_operand(
@@ -178,9 +179,10 @@ std::pair<int, mx::array> canonical_operand(
 
 // x for the primitive: the CUDA backend copies a strided x to rows itself (strided_copy.cuh), the
 // others get a Contiguous node unless x is known to be row-contiguous already.
+bool on_cuda_gpu(mx::StreamOrDevice s) { return mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available(); }
+
 static mx::array x_input(const mx::array& x, mx::StreamOrDevice s) {
-  const bool cuda_gpu = mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available();
-  if (cuda_gpu && static_cast<int>(x.ndim()) <= fp4::kMaxStridedXDims) return x;
+  if (on_cuda_gpu(s) && static_cast<int>(x.ndim()) <= fp4::kMaxStridedXDims) return x;
   return contiguous_input(x, s);
 }
 

@@ -23,6 +23,21 @@ def test_moe_cli(tmp_path):
     assert "| 40 | prefill, sorted |" in (tmp_path / "moe_cpu.md").read_text()
 
 
+def test_moe_one_matmul_host_routing(tmp_path):
+    """--op matmul times the gate projection alone (one matrix's active bytes), --routing host the
+    numpy indices."""
+    rc = bench_main.main(["moe", "--device", "cpu", "--tokens", "2", "--repeats", "1", "--budget", "5",
+                          "--op", "matmul", "--routing", "host", "--impls", "mlx_fp4", "mlx_nvfp4",
+                          "--out", str(tmp_path)] + SMALL)
+    assert rc == 0
+    doc = json.loads((tmp_path / "moe_cpu_matmul.json").read_text())
+    assert (doc["op"], doc["routing"]) == ("matmul", "host")
+    (p,) = doc["points"]
+    one_expert = 32 * 64 // 2 + 32 * 64 // 16  # gate: [32, 64] nibbles + one E4M3 scale per 16
+    assert 0 < p["active_weight_bytes"] <= 2 * 2 * one_expert  # at most top-2 x 2 tokens distinct experts
+    assert all(r["status"] == "ok" for r in p["results"].values())
+
+
 def test_moe_decode_preset(tmp_path):
     """The decode benchmark's MoE preset runs: the experts of both quantized variants are the same
     bytes (MLX's QuantizedSwitchLinear, wrapped by FP4SwitchLinear). Tokens are not compared with

@@ -138,6 +138,35 @@ def test_decode_dense_kernel_shapes(device, dtype, k, m):
     check_gather(out, x, w, s, rhs=idx, global_scale=gs, epilogue=chain)
 
 
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("k,n", [(2048, 37), (2080, 16), (4096, 5)])
+def test_decode_gemv_shapes(device, dtype, k, n):
+    """Decode shapes the CUDA backend runs on its decode GEMV (one row of x per pair, K >= 2048,
+    K % 32 == 0): rows past N in the last warp, a last group of chunks that only some lanes
+    reach (2080 = 65 chunks), per-expert global scales, a per-row bias and a full gate; on CUDA
+    also a lazy out-of-range expert (a NaN row, nothing read)."""
+    g = rng("decode-gemv", k, n, str(dtype))
+    e, t, top = 5, 2, 3
+    w, s = experts(e, n, k, g)
+    x = rand_x((t, 1, 1, k), dtype, g)
+    idx_np = topk_indices(g, t, top, e)
+    idx = mx.array(idx_np)
+    gs = mx.array(g.uniform(1, 600, size=e).astype(np.float32))
+    bias = rand_x((e, n), mx.float32, g)[idx][..., None, :]
+    gate = rand_x((t, top, 1, n), dtype, g)
+    chain = [("add", bias), "silu", ("mul", gate)]
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, global_scale=gs, epilogue=chain)
+    assert out.shape == (t, top, 1, n)
+    check_gather(out, x, w, s, rhs=idx, global_scale=gs, epilogue=chain)
+    if device == "gpu" and mx.cuda.is_available():  # the CUDA kernels' contract for lazy bad indices
+        bad = idx_np.copy()
+        bad[1, 2] = e  # out of range: its row is NaN, the others are unchanged
+        lazy_bad = mx.array(bad) + 0  # lazy: the host check cannot read it, the kernel must not read past E
+        out_bad = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=lazy_bad)
+        assert np.isnan(np.array(out_bad[1, 2].astype(mx.float32))).all()
+        check_gather(out_bad[:1], x[:1], w, s, rhs=idx[:1])
+
+
 @pytest.mark.parametrize("sort", [False, True])
 def test_same_bytes_as_mx_gather_qmm(device, sort):
     """MLX's own quantizer output, on MLX's call patterns; MLX's kernels round differently (see

@@ -290,7 +290,10 @@ def check_gather(out, x, w, s, rhs):
     return mag
 
 
-@pytest.mark.parametrize("tokens,top_k,e,n,k", [(1, 4, 8, 40, 64), (5, 2, 6, 33, 45), (3, 2, 3, 7, 1)])
+# 2080 x 19: the CUDA decode GEMV (K >= 2048, K % 32 == 0), a partial last group of chunks and rows
+# past N in the last warp.
+@pytest.mark.parametrize("tokens,top_k,e,n,k", [(1, 4, 8, 40, 64), (5, 2, 6, 33, 45), (3, 2, 3, 7, 1),
+                                               (2, 3, 4, 19, 2080)])
 def test_gather_decode_topk(device, tokens, top_k, e, n, k):
     g = rng("mx-gather", tokens, top_k, e, n, k)
     w, s = mx_experts(e, n, k, g)

@@ -47,12 +47,12 @@ T* to_device(const std::vector<T>& h) {
 
 DeviceInfo g_dev;
 
-// The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV both as the
-// SIMT kernel and as the batched dense tensor-core kernel.
-enum class Kind { kPairs, kPairsTc, kGemv, kTc };
+// The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV as the decode
+// GEMV, the SIMT kernel and the batched dense tensor-core kernel.
+enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc };
 
 Kind kind_of(GatherKernel k) {
-  return k == GatherKernel::kPairs ? Kind::kPairsTc : k == GatherKernel::kTc ? Kind::kTc : Kind::kGemv;
+  return k == GatherKernel::kPairs ? Kind::kDecode : k == GatherKernel::kTc ? Kind::kTc : Kind::kGemv;
 }
 
 template <typename Args>
@@ -149,8 +149,17 @@ struct Problem {
         return;
       }
     }
-    if (kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
-      run(gather_pairs_launch(g, vec), a, st);
+    if (kernel == Kind::kDecode || kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
+      // Where the decode GEMV does not apply, "decode" is the glue's next choice (batched tensor cores).
+      if (kernel == Kind::kDecode && !gather_decode_ok(g, vec)) {
+        const Launch l = batched();
+        if (l.func) {
+          W4A16Args b = batched_args(a);
+          run(l, b, st);
+          return;
+        }
+      }
+      run(gather_pairs_launch(g, vec, kernel == Kind::kDecode), a, st);
       return;
     }
     run(gather_plan_launch(g), a, st);
@@ -176,9 +185,10 @@ float bf16_value(uint16_t bits) {
 
 // Double sum over exact decoded weights; NaN rows for out-of-range pairs.
 const char* kernel_name(Kind k) {
-  return k == Kind::kPairs ? "pairs" : k == Kind::kPairsTc ? "pairs-tc" : k == Kind::kTc ? "tc" : "gemv";
+  return k == Kind::kDecode ? "decode" : k == Kind::kPairs ? "pairs" : k == Kind::kPairsTc ? "pairs-tc"
+         : k == Kind::kTc ? "tc" : "gemv";
 }
-constexpr Kind kKernels[] = {Kind::kPairs, Kind::kPairsTc, Kind::kGemv, Kind::kTc};
+constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs, Kind::kPairsTc, Kind::kGemv, Kind::kTc};
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
 void check(const std::string& name, Problem& pr, Kind kernel) {
@@ -257,6 +267,13 @@ void run_checks() {
       Problem p(4, 24, 128, 1, 6, l, r, true, rng);
       check("out-of-range pairs", p, tc);
     }
+    {
+      std::vector<uint32_t> l = iota_u32(6, 3), r = random_experts(6, 5, false, rng);
+      r[3] = 5;  // out of range
+      // The decode GEMV: K >= 2048 with a partial last group (65 chunks), rows past N.
+      Problem p(5, 37, 2080, 1, 2, l, r, true, rng);
+      check("decode GEMV, K = 2080, N = 37", p, tc);
+    }
   }
 }
 
@@ -323,9 +340,7 @@ void run_bench() {
       Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
                 routes[0], true, rng);
       p.upload(Kind::kGemv);
-      const Kind planned = kind_of(gather_kernel_for(p.g)) == Kind::kPairsTc && !p.batched().func
-                               ? Kind::kPairs
-                               : kind_of(gather_kernel_for(p.g));
+      const Kind planned = kind_of(gather_kernel_for(p.g));
       std::vector<uint32_t*> d_routes;
       for (auto& r : routes) d_routes.push_back(to_device(r));
       // Every kernel at every point (the plan's crossovers come from these lines).

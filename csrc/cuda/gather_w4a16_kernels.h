@@ -38,7 +38,11 @@ GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
 // Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x).
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
 // vec: 16-byte loads of weight and x rows (vector_loads_ok on g.mm and the base pointers).
-Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec);
+// The pair GEMV: the decode kernel where gather_decode_ok (and `decode`), else the SIMT pair kernel.
+Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec, bool decode = true);
+// Whether the decode GEMV (gather_w4a16_decode.cuh) takes `g`: one row of x per pair, bf16/fp16
+// x, K a multiple of 32 and at least 32 x 32 x kDecodeChunksPerLane, 16-byte loads.
+bool gather_decode_ok(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
 

@@ -31,20 +31,24 @@ cuda::GatherKernel gather_kernel(const fp4::GatherW4A16Problem& g) {
   return cuda::gather_kernel_supports(forced, g) ? forced : cuda::gather_kernel_for(g);
 }
 
-// MLX_FP4_CUDA_GATHER_PAIRS=simt keeps the SIMT pair GEMV where the batched tensor-core kernel
-// would run (tests, A/B timing).
-bool pairs_simt_forced() {
+// MLX_FP4_CUDA_GATHER_PAIRS=tc|simt forces the batched tensor-core kernel or the SIMT pair GEMV
+// where the decode GEMV would run (tests, A/B timing); "" when unset.
+std::string pairs_forced() {
   static const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS");
-  return env && std::string(env) == "simt";
+  return env ? std::string(env) : std::string();
 }
 
 }  // namespace
 
-void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vector<mx::array>& outputs) {
   namespace cu = mx::cu;
   auto& out = outputs[0];
   auto& enc = cu::get_command_encoder(stream());
   out.set_data(cuda::device_data(out.nbytes(), enc));
+  // gather_ops.cpp adds no Contiguous node for x and the indices on CUDA (a router's top-k slice
+  // and the broadcast default lhs are strided): rows of them here, by a node of ours when needed.
+  std::vector<mx::array> inputs = given;
+  for (int i : {kGatherX, kGatherLhs, kGatherRhs}) inputs[i] = cuda::row_contiguous(given[i], enc, "GatherW4A16Matmul");
   const fp4::GatherW4A16Problem g = problem(inputs, out);
   if (fp4::gather_out_rows(g) == 0 || g.mm.n == 0) return;
 
@@ -65,18 +69,25 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    // The dense staged tensor-core kernel over grid z = pairs where it takes one pair's problem
-    // (bf16/fp16 x, either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
+    // The decode GEMV for one row of x per pair (gather_decode_ok); else the dense staged
+    // tensor-core kernel over grid z = pairs where it takes one pair's problem (bf16/fp16 x,
+    // either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
+    const std::string forced = pairs_forced();
+    if (cuda::gather_decode_ok(g, vec) && forced != "tc" && forced != "simt") {
+      const cuda::Launch run = cuda::gather_pairs_launch(g, vec);
+      enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
+      return;
+    }
     cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
     const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
     const bool staged = half_x && cuda::staged_loads_ok(g.mm, b.x, b.w, b.scales);
     const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(enc.device().cuda_device()), true, g.pairs)
                                    : cuda::Launch{};
-    if (tc.func && !pairs_simt_forced()) {
+    if (tc.func && forced != "simt") {
       enc.add_kernel_node_ex(tc.func, tc.grid, tc.block, {}, tc.smem, b);
       return;
     }
-    const cuda::Launch run = cuda::gather_pairs_launch(g, vec);
+    const cuda::Launch run = cuda::gather_pairs_launch(g, vec, false);
     enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
     return;
   }

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gather_w4a16_decode.cuh"
 #include "gather_w4a16_gemv.cuh"
 #include "gather_w4a16_tc.cuh"
 
@@ -97,7 +98,40 @@ Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec) {
   return l;
 }
 
-Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec) {
+namespace {
+
+template <int Mode>
+CUfunction decode_func(int x_dtype) {
+  return x_dtype == fp4::kDtypeF16 ? gather_func(gather_decode_kernel<__half, Mode>)
+                                   : gather_func(gather_decode_kernel<__nv_bfloat16, Mode>);
+}
+
+Launch decode_launch(const fp4::GatherW4A16Problem& g) {
+  using namespace fp4::cuda_gather_tiling;
+  Launch l;
+  l.func = g.mm.mode == fp4::kModeMxfp4 ? decode_func<fp4::kModeMxfp4>(g.mm.x_dtype)
+                                        : decode_func<fp4::kModeNvfp4>(g.mm.x_dtype);
+  const int64_t rows_per_block = int64_t(kDecodeWarps) * kDecodeRowsPerWarp;
+  const int64_t gx = (g.mm.n + rows_per_block - 1) / rows_per_block;
+  if (gx > 0x7FFFFFFF) throw std::runtime_error("[GatherW4A16Matmul] CUDA backend: N too large");
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(g.pairs), 1);
+  l.block = dim3(kDecodeWarps * 32, 1, 1);
+  return l;
+}
+
+}  // namespace
+
+bool gather_decode_ok(const fp4::GatherW4A16Problem& g, bool vec) {
+  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
+  // Every lane busy in the first group of chunks: at K = 768 (8 of 32 lanes idle, four rows in
+  // flight per lane) it took 22.9 us where the batched tensor-core kernel took 12.7 (H200, 8
+  // pairs of 2048 x 768); at K = 2048 11.5 us vs 14.7 (docs/moe.md).
+  constexpr int64_t kMinK = int64_t(32) * 32 * fp4::cuda_gather_tiling::kDecodeChunksPerLane;
+  return vec && half_x && g.mm.m == 1 && g.mm.k % 32 == 0 && g.mm.k >= kMinK && g.pairs <= 65535;
+}
+
+Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec, bool decode) {
+  if (decode && gather_decode_ok(g, vec)) return decode_launch(g);
   Launch l;
   l.func = gemv_func_of_problem(g, true, vec);
   const int64_t gx = (g.mm.n + kWarps - 1) / kWarps;

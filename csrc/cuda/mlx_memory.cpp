@@ -2,6 +2,9 @@
 // libmlx's ELF symbol table, else the stream-ordered pool with frees on a stream of our own.
 #include "mlx_memory.h"
 
+#include "mlx/backend/cuda/utils.h"
+#include "w4a16_kernels.h"
+
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -158,6 +161,37 @@ mx::allocator::Data device_data(size_t bytes, mx::cu::CommandEncoder& enc) {
 }
 
 const char* allocator_name() { return mlx_malloc_async() ? "mlx" : "pool"; }
+
+mx::array device_array(const mx::Shape& shape, mx::Dtype dtype, mx::cu::CommandEncoder& enc) {
+  mx::array a(shape, dtype, nullptr, {});
+  a.set_data(device_data(a.nbytes(), enc));
+  return a;
+}
+
+mx::array row_contiguous(const mx::array& a, mx::cu::CommandEncoder& enc, const char* op) {
+  if (a.flags().row_contiguous) return a;
+  if (a.ndim() > fp4::kMaxStridedXDims || (a.itemsize() != 2 && a.itemsize() != 4)) {
+    throw std::runtime_error(std::string("[") + op + "] CUDA backend: a strided input of " + std::to_string(a.ndim()) +
+                             " dims with " + std::to_string(a.itemsize()) + "-byte elements (at most " +
+                             std::to_string(fp4::kMaxStridedXDims) + " dims of 2- or 4-byte elements)");
+  }
+  mx::array rows = device_array(a.shape(), a.dtype(), enc);
+  StridedCopyArgs c{};
+  c.src = mx::gpu_ptr<void>(a);
+  c.dst = mx::gpu_ptr<void>(rows);
+  c.elements = static_cast<int64_t>(a.size());
+  c.ndim = static_cast<int>(a.ndim());
+  for (int d = 0; d < c.ndim; ++d) {
+    c.shape[d] = a.shape(d);
+    c.strides[d] = a.strides()[d];
+  }
+  enc.set_input_array(a);
+  enc.set_output_array(rows);
+  const Launch l = strided_copy_launch(c, static_cast<int>(a.itemsize()));
+  enc.add_kernel_node_ex(l.func, l.grid, l.block, {}, l.smem, c);
+  enc.add_temporary(rows);
+  return rows;
+}
 
 }  // namespace cuda
 }  // namespace mlx_fp4

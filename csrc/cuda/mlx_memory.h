@@ -16,6 +16,16 @@ namespace cuda {
 // (MLX keeps every array an encoded node uses alive until the node has run).
 mlx::core::allocator::Data device_data(size_t bytes, mlx::core::cu::CommandEncoder& enc);
 
+// A temporary array of device memory from device_data: counted by mx.get_active_memory, and back
+// in MLX's cache once the encoded work has run.
+mlx::core::array device_array(const mlx::core::Shape& shape, mlx::core::Dtype dtype,
+                              mlx::core::cu::CommandEncoder& enc);
+
+// `a` itself when row-contiguous, else a row-major copy made by a node of ours (2- or 4-byte
+// elements, at most fp4::kMaxStridedXDims dims): the ops add no Contiguous node for x or the
+// indices on CUDA, since every graph node costs host time at each call. `op` names the caller.
+mlx::core::array row_contiguous(const mlx::core::array& a, mlx::core::cu::CommandEncoder& enc, const char* op);
+
 // "mlx" when device_data goes through MLX's allocator, else "pool" (benchmarks record it).
 const char* allocator_name();
 

@@ -42,14 +42,6 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
-// A temporary array in device memory from MLX's allocator (mlx_memory.h): counted by
-// mx.get_active_memory, and back in MLX's cache once the encoded work has run.
-mx::array device_array(const mx::Shape& shape, mx::Dtype dtype, cu::CommandEncoder& enc) {
-  mx::array a(shape, dtype, nullptr, {});
-  a.set_data(cuda::device_data(a.nbytes(), enc));
-  return a;
-}
-
 mx::Dtype dtype_of_code(int code) {
   return code == fp4::kDtypeF32 ? mx::float32 : code == fp4::kDtypeF16 ? mx::float16 : mx::bfloat16;
 }
@@ -83,30 +75,6 @@ void add_wgmma_node(cu::CommandEncoder& enc, const Launch& l, cuda::WgmmaArgs& a
   const std::string key = "(Kwgmma" + std::to_string(l.cluster.x) + "x" + std::to_string(l.cluster.y) + "x" +
                           std::to_string(l.cluster.z) + ")";
   enc.add_graph_node(graph.get(), key, true);  // the child graph is cloned: ours is destroyed here
-}
-
-// x as rows of K elements: itself when row-contiguous, else a copy made by a node of ours (ops.cpp
-// adds no Contiguous node for x on CUDA, since every graph node costs host time at each call).
-mx::array rows_of_x(const mx::array& x, cu::CommandEncoder& enc) {
-  if (x.flags().row_contiguous) return x;
-  if (x.ndim() > fp4::kMaxStridedXDims) {
-    throw std::runtime_error("[W4A16Matmul] CUDA backend: strided x with more than 8 dimensions");
-  }
-  mx::array rows = device_array(x.shape(), x.dtype(), enc);
-  cuda::StridedCopyArgs c{};
-  c.src = mx::gpu_ptr<void>(x);
-  c.dst = mx::gpu_ptr<void>(rows);
-  c.elements = static_cast<int64_t>(x.size());
-  c.ndim = static_cast<int>(x.ndim());
-  for (int d = 0; d < c.ndim; ++d) {
-    c.shape[d] = x.shape(d);
-    c.strides[d] = x.strides()[d];
-  }
-  enc.set_input_array(x);
-  enc.set_output_array(rows);
-  add_node(enc, cuda::strided_copy_launch(c, static_cast<int>(x.itemsize())), c);
-  enc.add_temporary(rows);
-  return rows;
 }
 
 }  // namespace
@@ -143,7 +111,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
     return;
   }
 
-  const mx::array x = rows_of_x(inputs[kInputX], enc);
+  const mx::array x = cuda::row_contiguous(inputs[kInputX], enc, "W4A16Matmul");
   cuda::W4A16Args a{};
   a.x = mx::gpu_ptr<void>(x);
   a.w = mx::gpu_ptr<uint8_t>(inputs[kInputW]);
@@ -169,7 +137,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   if (plan.path == Path::kWgmma) {
     // x permuted into a temporary (the kernel's k order), then the wgmma kernel over it.
     const int64_t kp = cuda::wgmma_padded_k(p.k);
-    mx::array xp = device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
+    mx::array xp = cuda::device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
     cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(xp), p.m, p.k, kp};
     enc.set_input_array(x);
     enc.set_output_array(xp);
@@ -194,7 +162,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   }
 
   // Large M: exact decode of W into x's dtype, dense GEMM in cuBLAS with fp32 accumulation.
-  mx::array wd = device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
+  mx::array wd = cuda::device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
   cuda::DequantArgs d{a.w,      a.scales,          mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes,
                       p.scale_row_bytes, p.x_dtype, p.mode};
   const bool dq_vec = vec && reinterpret_cast<uintptr_t>(d.out) % 16 == 0;
@@ -205,8 +173,8 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
 
   // cuBLAS writes the output itself when no epilogue op is left and it can cast to out's dtype.
   const bool direct = p.num_ops == 0 && (p.out_dtype == p.x_dtype || p.out_dtype == fp4::kDtypeF32);
-  mx::array acc = direct ? out : device_array({static_cast<int>(p.m), static_cast<int>(p.n)}, mx::float32, enc);
-  mx::array ws = device_array({static_cast<int>(kCublasWorkspaceBytes)}, mx::uint8, enc);
+  mx::array acc = direct ? out : cuda::device_array({static_cast<int>(p.m), static_cast<int>(p.n)}, mx::float32, enc);
+  mx::array ws = cuda::device_array({static_cast<int>(kCublasWorkspaceBytes)}, mx::uint8, enc);
   enc.set_input_array(wd);
   enc.set_input_array(x);
   if (has_global_scale()) enc.set_input_array(inputs[kInputFirstOptional]);

@@ -26,6 +26,12 @@ enum : int {
   // Decode without a plan: one GEMV block row per (pair, weight-row tile), each pair's expert read
   // directly (a repeated expert comes from L2), when there are at most this many rows of x in all.
   kPairsMaxRows = 64,
+  // Decode GEMV (one row of x per pair): kDecodeWarps warps of kDecodeRowsPerWarp weight rows per
+  // block; each lane issues the loads of kDecodeChunksPerLane 32-value chunks of every row of its
+  // warp before any math (RW x J 16-byte weight loads in flight per lane).
+  kDecodeWarps = 4,
+  kDecodeRowsPerWarp = 4,
+  kDecodeChunksPerLane = 2,
 };
 
 // The kernels of one gathered call: the plan-free pair GEMV, or the plan and then the grouped

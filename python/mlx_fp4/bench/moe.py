@@ -38,6 +38,12 @@ def parse_args(argv):
     p.add_argument("--max-products", type=int, default=8)
     p.add_argument("--out", default="bench-out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--routing", choices=("device", "host"), default="device",
+                   help="device: top-k of random logits on the device inside the timed graph (as a model's router "
+                        "feeds its experts; the same nodes for every implementation); host: numpy indices copied "
+                        "in per product (the bench before 2026-12-01)")
+    p.add_argument("--op", choices=("mlp", "matmul"), default="mlp",
+                   help="mlp: the whole SwitchGLU; matmul: one gathered matmul (the gate projection) alone")
     p.add_argument("--mode", choices=("nvfp4", "mxfp4"), default="nvfp4",
                    help="FP4 format of ours and of mx.gather_qmm (the mlx_nvfp4 column runs this mode)")
     for key, v in QWEN3_30B_A3B.items():  # other layer shapes (e.g. a small one for tests)
@@ -100,15 +106,33 @@ def switch_glu(mm, x, idx):
     return y.squeeze(-2)
 
 
-def routing(tokens, cfg, rng):
-    """Distinct top-k experts per token, uniformly random (a balanced router)."""
+def routing(tokens, cfg, rng, where="host"):
+    """Distinct top-k experts per token, uniformly random (a balanced router): from numpy on the
+    host (copied in), or as a model's router makes them: top-k of logits on the device, left lazy
+    so that the gathered matmuls consume them in the same graph (the logits are evaluated here)."""
+    if where == "device":
+        logits = mx.array(rng.standard_normal((tokens, cfg["experts"])).astype(np.float32))
+        mx.eval(logits)
+        return mx.argpartition(-logits, kth=cfg["top_k"] - 1, axis=-1)[:, : cfg["top_k"]].astype(mx.uint32)
     logits = rng.standard_normal((tokens, cfg["experts"]))
     return mx.array(np.argsort(logits, axis=-1)[:, : cfg["top_k"]].astype(np.uint32))
 
 
-def runner(mm, x, cfg, rng):
+def one_matmul(mm, x, idx):
+    """The gate projection of switch_glu alone (same sort rule and layout)."""
+    x = mx.expand_dims(x, (-2, -3))
+    sort = idx.size >= SORT_MIN_PAIRS
+    flat = idx
+    if sort:
+        x, flat, _ = sort_pairs(x, idx)
+    return mm("gate", x, flat, sort)
+
+
+def runner(mm, x, cfg, rng, where="host", op="mlp"):
+    layer = switch_glu if op == "mlp" else one_matmul
+
     def run(count):
-        outs = [switch_glu(mm, x, routing(x.shape[0], cfg, rng)) for _ in range(count)]
+        outs = [layer(mm, x, routing(x.shape[0], cfg, rng, where)) for _ in range(count)]
         import time
 
         t0 = time.perf_counter()
@@ -119,9 +143,9 @@ def runner(mm, x, cfg, rng):
     return run
 
 
-def active_bytes(idx_sets, experts):
-    """Expected weight bytes one layer call reads: its distinct experts times the three matrices."""
-    per_expert = sum(experts.matrix_bytes(n) for n in ("gate", "up", "down"))
+def active_bytes(idx_sets, experts, names=("gate", "up", "down")):
+    """Expected weight bytes one layer call reads: its distinct experts times its matrices."""
+    per_expert = sum(experts.matrix_bytes(n) for n in names)
     return np.mean([len(np.unique(np.array(i))) for i in idx_sets]) * per_expert
 
 
@@ -136,7 +160,8 @@ def main(argv) -> int:
     tcfg = timing.TimingConfig(repeats=args.repeats, budget_s=args.budget if args.budget > 0 else math.inf,
                                max_products=args.max_products)
     info = report.system_info(device)
-    print(f"mlx_fp4 MoE bench: {device} ({info['device_name']}), {args.mode}, MoE MLP "
+    what = "MoE MLP" if args.op == "mlp" else "one gathered matmul (gate) of the MoE MLP"
+    print(f"mlx_fp4 MoE bench: {device} ({info['device_name']}), {args.mode}, {what}, {args.routing} routing "
           f"(E={cfg['experts']}, top-{cfg['top_k']}, hidden {cfg['hidden']}, expert MLP {cfg['moe_intermediate']})")
     extrap = timing.Extrapolator()
     points = []
@@ -146,10 +171,12 @@ def main(argv) -> int:
         mx.eval(x)
         sort = "sorted" if t * cfg["top_k"] >= SORT_MIN_PAIRS else "unsorted"
         point = {"tokens": t, "phase": f"{'decode' if t <= max(DECODE_TOKENS) else 'prefill'}, {sort}",
-                 "active_weight_bytes": active_bytes([routing(t, cfg, rng) for _ in range(8)], experts),
+                 "active_weight_bytes": active_bytes([routing(t, cfg, rng) for _ in range(8)], experts,
+                                                     ("gate", "up", "down") if args.op == "mlp" else ("gate",)),
                  "results": {}}
         for impl in args.impls:
-            meas = timing.measure(runner(matmul_fn(impl, experts), x, cfg, rng), tcfg, extrap.predict(impl, t))
+            run = runner(matmul_fn(impl, experts), x, cfg, rng, args.routing, args.op)
+            meas = timing.measure(run, tcfg, extrap.predict(impl, t))
             extrap.record(impl, t, meas.seconds)
             point["results"][impl] = {"label": labels[impl], **meas.as_dict(),
                                       "ms": meas.seconds * 1e3 if meas.seconds else None}
@@ -160,11 +187,12 @@ def main(argv) -> int:
         points.append(point)
         print(row(point, args.impls), flush=True)
     doc = {"schema": 1, "command": "python -m mlx_fp4.bench moe " + " ".join(argv), "device": info,
-           "layer": cfg, "mode": args.mode, "timing": tcfg.describe(),
+           "layer": cfg, "mode": args.mode, "routing": args.routing, "op": args.op, "timing": tcfg.describe(),
            "implementations": {k: labels[k] for k in args.impls},
            "points": points}
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"moe_{device}" + ("" if args.mode == "nvfp4" else f"_{args.mode}"))
+    base = os.path.join(args.out, f"moe_{device}" + ("" if args.mode == "nvfp4" else f"_{args.mode}")
+                        + ("" if args.op == "mlp" else f"_{args.op}"))
     report.write_json(base + ".json", doc)
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']} ({device}), mlx {info['versions']['mlx']}\n\n")
