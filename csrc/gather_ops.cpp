@@ -208,15 +208,9 @@ mx::array gather_w4a16_node(
   mx::Shape out_shape = in.lhs.shape();
   out_shape.push_back(in.x.shape(-2));
   out_shape.push_back(in.w.shape(-2));
-  std::vector<mx::array> inputs;
-  // No Contiguous node where none is needed (every graph node costs host time at each call): the
-  // CUDA glue makes rows of a strided x or index array itself; evaluated row-contiguous arrays
-  // (weights, scales) are passed as they are.
-  const bool cuda_gpu = on_cuda_gpu(s);
-  for (const auto* a : {&in.x, &in.w, &in.scales, &in.lhs, &in.rhs}) {
-    const bool glue_copies = cuda_gpu && a != &in.w && a != &in.scales && a->ndim() <= fp4::kMaxStridedXDims;
-    inputs.push_back(glue_copies ? *a : contiguous_input(*a, s));
-  }
+  // No Contiguous node where none is needed (every graph node costs host time at each call).
+  std::vector<mx::array> inputs = {rows_input(in.x, s), contiguous_input(in.w, s), contiguous_input(in.scales, s),
+                                   rows_input(in.lhs, s), rows_input(in.rhs, s)};
   if (in.multiplier) inputs.push_back(contiguous_input(*in.multiplier, s));
   std::vector<fp4::EpilogueOp> ops;
   std::vector<int> kinds;

@@ -10,12 +10,13 @@ namespace mlx_fp4 {
 
 bool is_supported_float(mx::Dtype d);
 
-// Whether `s` runs on MLX's CUDA backend (its glue makes rows of strided x and indices itself).
-bool on_cuda_gpu(mx::StreamOrDevice s);
-
 // `a` as is when it is evaluated and row-contiguous, or a pending output of our own matmuls (a
 // fresh row-contiguous buffer on every backend); else behind a Contiguous node.
 mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s);
+
+// x or an index array for a primitive: as is on MLX's CUDA backend, whose glue makes rows of a
+// strided one itself (cuda::row_contiguous); elsewhere contiguous_input.
+mx::array rows_input(const mx::array& a, mx::StreamOrDevice s);
 
 // Classify and canonicalize one epilogue operand against the output shape: returns the
 // fp4::OperandKind and the contiguous operand ([], [N], out[:-1] + [1], out). `kOp` names the

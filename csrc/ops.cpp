@@ -177,13 +177,10 @@ std::pair<int, mx::array> canonical_operand(
   return {varies_col ? fp4::kOperandFull : fp4::kOperandRow, contiguous_input(expanded, s)};
 }
 
-// x for the primitive: the CUDA backend copies a strided x to rows itself (strided_copy.cuh), the
-// others get a Contiguous node unless x is known to be row-contiguous already.
-bool on_cuda_gpu(mx::StreamOrDevice s) { return mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available(); }
-
-static mx::array x_input(const mx::array& x, mx::StreamOrDevice s) {
-  if (on_cuda_gpu(s) && static_cast<int>(x.ndim()) <= fp4::kMaxStridedXDims) return x;
-  return contiguous_input(x, s);
+mx::array rows_input(const mx::array& a, mx::StreamOrDevice s) {
+  const bool cuda_gpu = mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available();
+  if (cuda_gpu && static_cast<int>(a.ndim()) <= fp4::kMaxStridedXDims) return a;
+  return contiguous_input(a, s);
 }
 
 static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
@@ -365,7 +362,7 @@ mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epi
 mx::array matmul_node(const Prepared& p, const std::vector<EpilogueSpec>& epilogue, mx::StreamOrDevice s) {
   const Checked& c = p.c;
   std::vector<mx::array> inputs = {
-      x_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
+      rows_input(c.x, s), contiguous_input(c.w_bytes, s), contiguous_input(c.scales, s)};
   if (c.gs) {
     inputs.push_back(*c.gs);
   }

@@ -60,6 +60,17 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gather_decode_kernel(const 
 #pragma unroll
       for (int q = 0; q < 4; ++q) xv[j][q] = live ? load_cached16(x + c * 32 + 8 * q) : make_uint4(0, 0, 0, 0);
     }
+    // The chunk's scales, decoded once: words 0-1 hold its first 16 values, words 2-3 the next
+    // 16 (the second NVFP4 block; MXFP4 has one block per chunk).
+    float sc[RW][J][2];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        sc[r][j][0] = fp4::scale_to_float(Mode, sb[r][j] & 0xFFu);
+        sc[r][j][1] = kBlocksPerChunk == 2 ? fp4::scale_to_float(Mode, sb[r][j] >> 8) : sc[r][j][0];
+      }
+    }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
 #pragma unroll
@@ -73,14 +84,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gather_decode_kernel(const 
         }
 #pragma unroll
         for (int r = 0; r < RW; ++r) {
-          // Words 0-1 hold the chunk's first 16 values (scale byte 0), words 2-3 the next 16.
-          const uint32_t code = kBlocksPerChunk == 2 && q >= 2 ? sb[r][j] >> 8 : sb[r][j];
-          const float sc = fp4::scale_to_float(Mode, code & 0xFFu);
           const uint32_t word = q == 0 ? wv[r][j].x : q == 1 ? wv[r][j].y : q == 2 ? wv[r][j].z : wv[r][j].w;
           float part = 0.0f;
 #pragma unroll
           for (int i = 0; i < 8; ++i) part = fmaf(e2m1_fast(word >> (4 * i)), xf[i], part);
-          acc[r] = fmaf(part, sc, acc[r]);
+          acc[r] = fmaf(part, sc[r][j][q >> 1], acc[r]);
         }
       }
     }

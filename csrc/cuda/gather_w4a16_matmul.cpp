@@ -33,9 +33,9 @@ cuda::GatherKernel gather_kernel(const fp4::GatherW4A16Problem& g) {
 
 // MLX_FP4_CUDA_GATHER_PAIRS=tc|simt forces the batched tensor-core kernel or the SIMT pair GEMV
 // where the decode GEMV would run (tests, A/B timing); "" when unset.
-std::string pairs_forced() {
-  static const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS");
-  return env ? std::string(env) : std::string();
+const std::string& pairs_forced() {
+  static const std::string forced = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS") ? std::getenv("MLX_FP4_CUDA_GATHER_PAIRS") : "";
+  return forced;
 }
 
 }  // namespace
@@ -72,7 +72,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
     // The decode GEMV for one row of x per pair (gather_decode_ok); else the dense staged
     // tensor-core kernel over grid z = pairs where it takes one pair's problem (bf16/fp16 x,
     // either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
-    const std::string forced = pairs_forced();
+    const std::string& forced = pairs_forced();
     if (cuda::gather_decode_ok(g, vec) && forced != "tc" && forced != "simt") {
       const cuda::Launch run = cuda::gather_pairs_launch(g, vec);
       enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
