@@ -35,8 +35,9 @@ def driver(tmp_path_factory):
 def plan_full(driver, n, k, m, dtype="bf16", vec=1, staged=1, path="-", tc="-", wgmma=0, wg="-", mode="nvfp4"):
     cmd = "plan" if mode == "nvfp4" else f"plan_{mode}"
     (res,) = driver(f"{cmd} {n} {k} {m} {dtype} {vec} {staged} {path} {tc} {wgmma} {wg}")
-    kind, mt, rt, kw, st, tile_m, splits = res
-    return kind, f"{mt}/{rt}/{kw}", st == "1", f"{tile_m}/{splits}"
+    kind, mt, rt, kw, st, tile_m, splits, multicast = res
+    wg = f"{tile_m}/{splits}" if multicast == "1" else f"{tile_m}/{splits}/{multicast}"
+    return kind, f"{mt}/{rt}/{kw}", st == "1", wg
 
 
 def plan(driver, *args, **kwargs):
@@ -163,6 +164,16 @@ def test_wgmma_forced_beyond_its_range_keeps_the_64_row_tile(driver):
 def test_wgmma_tile_override(driver):
     assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="128,4")[3] == "128/4"
     assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="96,4")[3] == "64/2"  # malformed: ignored
+    # Multicast of x over weight tiles: forced only (slower than none at every point of the sweep).
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="64,1,4")[3] == "64/1/4"
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="64,2,4")[3] == "64/2/4"
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="64,4,4")[3] == "64/2"  # cluster of 16 > 8
+    assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", wg="64,1,3")[3] == "64/2"  # not 1, 2, 4
+
+
+@pytest.mark.parametrize("shape", sorted(WGMMA_TILES), ids=lambda s: "{}x{}-M{}".format(*s))
+def test_wgmma_plan_never_multicasts(driver, shape):
+    assert plan_full(driver, *shape, wgmma=1)[3].count("/") == 1  # tile_m/splits: multicast 1
 
 
 def test_wgmma_load_conditions(driver):

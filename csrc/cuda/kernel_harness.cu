@@ -343,11 +343,12 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   if (!ok) ++g_failures;
   const bool staged = path == Path::kTensorCore && g_staged && staged_loads_ok(p, a.x, a.w, a.scales);
   const WgmmaConfig wg = g_wg ? *g_wg : plan.wg;
-  std::printf("check,%s%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld/%lld,tc=%d/%d/%d,wg=%d/%d,worst=%.3g,%s",
+  std::printf("check,%s%s,%s,x=%s,out=%s,M=%lld,N=%lld,K=%lld,gs=%d,epi=%d,pad=%lld/%lld,tc=%d/%d/%d,wg=%d/%d/%d,worst=%.3g,%s",
               staged ? "tc-staged" : path_name(path), c.mode == fp4::kModeMxfp4 ? "-mxfp4" : "", ok ? "ok" : "FAIL",
               dtype_name(c.x_dtype), dtype_name(c.out_dtype), (long long)c.m,
               (long long)c.n, (long long)c.k, int(c.gs), c.epi, (long long)c.w_pad, (long long)c.s_pad, cfg.mt, cfg.rt, cfg.kw,
-              path == Path::kWgmma ? wg.tile_m : 0, path == Path::kWgmma ? wg.splits : 0, worst, ok ? "\n" : "");
+              path == Path::kWgmma ? wg.tile_m : 0, path == Path::kWgmma ? wg.splits : 0,
+              path == Path::kWgmma ? wg.multicast : 0, worst, ok ? "\n" : "");
   if (!ok) {
     std::printf(" at m=%lld n=%lld y=%.8g ref=%.8g\n", (long long)(worst_i / p.n), (long long)(worst_i % p.n),
                 host_load(out, c.out_dtype, worst_i), ref[worst_i]);

@@ -90,8 +90,8 @@ bool run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
   try {
     wgmma_prepare(wa, a, g_xp->p, cfg);
   } catch (const std::exception& e) {
-    std::printf("wgmma,error,M=%lld,N=%lld,K=%lld,wg=%d/%d,%s\n", (long long)p.m, (long long)p.n, (long long)p.k,
-                cfg.tile_m, cfg.splits, e.what());
+    std::printf("wgmma,error,M=%lld,N=%lld,K=%lld,wg=%d/%d/%d,%s\n", (long long)p.m, (long long)p.n, (long long)p.k,
+                cfg.tile_m, cfg.splits, cfg.multicast, e.what());
     ++g_failures;
     return false;
   }
@@ -105,8 +105,8 @@ bool run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
   if (r != CUDA_SUCCESS) {
     const char* msg = nullptr;
     cuGetErrorString(r, &msg);
-    std::printf("wgmma,error,M=%lld,N=%lld,K=%lld,wg=%d/%d,launch: %s\n", (long long)p.m, (long long)p.n,
-                (long long)p.k, cfg.tile_m, cfg.splits, msg ? msg : "?");
+    std::printf("wgmma,error,M=%lld,N=%lld,K=%lld,wg=%d/%d/%d,launch: %s\n", (long long)p.m, (long long)p.n,
+                (long long)p.k, cfg.tile_m, cfg.splits, cfg.multicast, msg ? msg : "?");
     ++g_failures;
     return false;
   }
@@ -165,8 +165,8 @@ void check_wgmma_exact_decode(int x_dtype, const WgmmaConfig& cfg) {
       }
     }
   if (bad) ++g_failures;
-  std::printf("check,wgmma-exact-decode,%s,x=%s,wg=%d/%d,mismatches=%d\n", bad ? "FAIL" : "ok", dtype_name(x_dtype),
-              cfg.tile_m, cfg.splits, bad);
+  std::printf("check,wgmma-exact-decode,%s,x=%s,wg=%d/%d/%d,mismatches=%d\n", bad ? "FAIL" : "ok",
+              dtype_name(x_dtype), cfg.tile_m, cfg.splits, cfg.multicast, bad);
 }
 
 void run_wgmma_checks() {
@@ -175,6 +175,7 @@ void run_wgmma_checks() {
   for (int dt : {fp4::kDtypeBF16, fp4::kDtypeF16}) {
     check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMLarge, 1});
     check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMMid, 1});
+    check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMMid, 2, 4});  // N = 4096: 32 tiles in groups of 4
   }
   // Weight and scale rows in whole 16-byte units (wgmma_loads_ok): K % 256 == 0, or a K tail
   // (K % 128 != 0) with padded weight rows; ragged M and N; every epilogue; all dtypes.
@@ -203,20 +204,24 @@ void run_wgmma_checks() {
     g_wg = nullptr;
     check_case(c, Path::kWgmma, nullptr, rng);
     for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)})
-      for (int sp : {1, 2, 4}) {
-        const WgmmaConfig cfg{tm, sp};
-        g_wg = &cfg;
-        check_case(c, Path::kWgmma, nullptr, rng);
-      }
+      for (int sp : {1, 2, 4})
+        for (int mc : {1, 2, 4}) {
+          if (sp * mc > kWgmmaMaxClusterBlocks) continue;
+          const WgmmaConfig cfg{tm, sp, mc};  // multicast groups past N (N <= 128 * 3) included
+          g_wg = &cfg;
+          check_case(c, Path::kWgmma, nullptr, rng);
+        }
     g_wg = nullptr;
   }
   // The same problems launched as the MLX glue does (graphs updated in place per cluster shape),
-  // planned and with split K of 2 and 4, so each executable graph is updated across shapes.
+  // planned, with split K of 2 and 4, and split 2 x multicast 2 (a cluster of 4 like split 4's),
+  // so each executable graph is updated across shapes.
   g_wgmma_graphs = true;
-  for (int sp : {0, 2, 4})
+  for (const WgmmaConfig base : {WgmmaConfig{0, 0}, WgmmaConfig{0, 2}, WgmmaConfig{0, 4}, WgmmaConfig{0, 2, 2}})
     for (const auto& c : cases) {
-      const WgmmaConfig cfg{c.m <= kWgmmaTileMSmall ? int(kWgmmaTileMSmall) : int(kWgmmaTileMMid), sp};
-      g_wg = sp ? &cfg : nullptr;
+      WgmmaConfig cfg = base;
+      cfg.tile_m = c.m <= kWgmmaTileMSmall ? int(kWgmmaTileMSmall) : int(kWgmmaTileMMid);
+      g_wg = base.splits ? &cfg : nullptr;
       check_case(c, Path::kWgmma, nullptr, rng);
     }
   g_wg = nullptr;
@@ -306,12 +311,12 @@ void run_wgmma_graph_probe() {
   cudaGraphDestroy(gb);
 }
 
-// Kernel time of the wgmma kernel (planned and every tile / split), its x permutation alone, next
+// Kernel time of the wgmma kernel (planned and every tile / split / multicast), its x permutation alone, next
 // to dense bf16 cuBLASLt, dequantize + cuBLASLt and the staged kernel (M <= 64), same run.
 void run_wgmma_bench() {
   using namespace fp4::cuda_tiling;
   const std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
-  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 512, 1024};
+  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 512};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::mt19937 rng(7);
@@ -353,8 +358,9 @@ void run_wgmma_bench() {
           int(dd.size()), iters, s);
       report("dense_bf16", "-", dense);
       const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr, true);
-      std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d,wg=%d/%d\n", (long long)N, (long long)K, (long long)M,
-                  path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw, plan.wg.tile_m, plan.wg.splits);
+      std::printf("bench,%lldx%lld,M=%lld,plan,%s,tc=%d/%d/%d,wg=%d/%d/%d\n", (long long)N, (long long)K,
+                  (long long)M, path_name(plan.path), plan.tc.mt, plan.tc.rt, plan.tc.kw, plan.wg.tile_m, plan.wg.splits,
+                  plan.wg.multicast);
       report("dequant+gemm", "-",
              time_us([&](int c) { run_path(Path::kDequantGemm, plan.tc, with_copy(c), wd.p, static_cast<float*>(acc.p), s); },
                      copies, iters, s));
@@ -369,14 +375,18 @@ void run_wgmma_bench() {
       report("wgmma_permute_only", "-", time_us([&](int) { launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s); }, 1,
                                                  iters, s));
       std::vector<WgmmaConfig> cfgs = {plan.wg};
+      // Split 4 was never the fastest (docs/cuda.md): splits 1 and 2, every multicast.
       for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)})
-        for (int sp : {1, 2, 4}) {
-          if ((tm == kWgmmaTileMSmall && M > 64) || (tm == plan.wg.tile_m && sp == plan.wg.splits)) continue;
-          cfgs.push_back(WgmmaConfig{tm, sp});
-        }
+        for (int sp : {1, 2})
+          for (int mc : {1, 2, 4}) {
+            const bool planned = tm == plan.wg.tile_m && sp == plan.wg.splits && mc == plan.wg.multicast;
+            if ((tm == kWgmmaTileMSmall && M > 64) || planned) continue;
+            cfgs.push_back(WgmmaConfig{tm, sp, mc});
+          }
       for (size_t i = 0; i < cfgs.size(); ++i) {
         char name[32];
-        std::snprintf(name, sizeof name, "%s%d/%d", i == 0 ? "plan:" : "", cfgs[i].tile_m, cfgs[i].splits);
+        std::snprintf(name, sizeof name, "%s%d/%d/%d", i == 0 ? "plan:" : "", cfgs[i].tile_m, cfgs[i].splits,
+                      cfgs[i].multicast);
         if (!run_wgmma(cfgs[i], with_copy(0), s)) continue;  // reported; nothing to time
         CK(cudaStreamSynchronize(s));
         report("wgmma", name, time_us([&](int c) { run_wgmma(cfgs[i], with_copy(c), s); }, copies, iters, s));

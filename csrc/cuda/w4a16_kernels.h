@@ -66,7 +66,7 @@ struct Launch {
   dim3 grid;
   dim3 block;
   unsigned smem = 0;
-  dim3 cluster{1, 1, 1};  // blocks per cluster (the wgmma kernel's split K); 1 = no cluster
+  dim3 cluster{1, 1, 1};  // blocks per cluster (the wgmma kernel's split K x multicast); 1 = no cluster
 };
 
 // The device's SM count and architecture, read once per device; the first call also loads every
@@ -89,7 +89,8 @@ struct WgmmaArgs {
   CUtensorMap x_map, w_map, s_map;  // built by wgmma_prepare
   W4A16Args a;
   int64_t k_stages;  // kp / kWgmmaStageK
-  int splits;        // blocks per cluster along x splitting K (WgmmaConfig::splits)
+  int splits;        // blocks of one weight tile splitting K (WgmmaConfig::splits)
+  int multicast;     // weight tiles sharing one multicast x tile (WgmmaConfig::multicast)
 };
 
 // Launch descriptions. Each throws std::runtime_error when the CUDA runtime fails.

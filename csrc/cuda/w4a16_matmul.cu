@@ -298,6 +298,7 @@ void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const Wg
   args.a = a;
   args.k_stages = kp / kWgmmaStageK;
   args.splits = cfg.splits;
+  args.multicast = cfg.multicast;
   const CUtensorMapDataType xt =
       p.x_dtype == fp4::kDtypeF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   encode_2d(&args.x_map, xt, xp, kp, p.m, kp * 2, kWgmmaXBoxK, cfg.tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
@@ -312,8 +313,13 @@ void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const Wg
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg) {
   Launch l;
   l.func = p.x_dtype == fp4::kDtypeF16 ? wgmma_func_t<__half>(cfg.tile_m) : wgmma_func_t<__nv_bfloat16>(cfg.tile_m);
-  // The split-K blocks of one weight tile are consecutive in x: one cluster (splits, 1, 1).
-  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows) * cfg.splits;
+  // The split-K blocks of one weight tile are consecutive in x, then the weight tiles of one
+  // multicast group: one cluster (splits * multicast, 1, 1); the tiles rounded up to whole groups
+  // (a tile past N reads zeros and stores nothing).
+  if (cfg.splits * cfg.multicast > kWgmmaMaxClusterBlocks) {
+    throw std::runtime_error("[W4A16Matmul] CUDA backend: wgmma cluster larger than the portable size");
+  }
+  const int64_t gx = ceil_div(ceil_div(p.n, kWgmmaBlockRows), cfg.multicast) * cfg.multicast * cfg.splits;
   const int64_t gy = ceil_div(p.m, cfg.tile_m);
   if (gy > 65535 || gx > 0x7FFFFFFF) {
     throw std::runtime_error("[W4A16Matmul] CUDA backend: problem too large for the wgmma grid");
@@ -321,7 +327,7 @@ Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg) {
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   l.block = dim3(kWgmmaThreads, 1, 1);
   l.smem = static_cast<unsigned>(wgmma_smem_bytes(cfg.tile_m));
-  l.cluster = dim3(static_cast<unsigned>(cfg.splits), 1, 1);
+  l.cluster = dim3(static_cast<unsigned>(cfg.splits * cfg.multicast), 1, 1);
   return l;
 }
 
@@ -422,7 +428,7 @@ void preload_kernels() {
         const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                               static_cast<int>(l.smem));
         if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
-        // Split K runs as clusters of up to kWgmmaMaxSplits blocks (portable size: no opt-in).
+        // Split K x multicast runs as clusters of up to kWgmmaMaxClusterBlocks (portable: no opt-in).
       }
     }
   }

@@ -27,10 +27,13 @@ struct DeviceInfo {
   bool wgmma = false;  // the sm_90a wgmma kernel is built and this device runs it (cc 9.0)
 };
 
-// wgmma kernel configuration: x rows per block (tile_m: 32, 64, 128) and blocks of one cluster
-// splitting K (splits: 1, 2, 4).
+// wgmma kernel configuration: x rows per block (tile_m: 32, 64, 128), blocks of one weight tile
+// splitting K (splits: 1, 2, 4) and weight tiles sharing one multicast x tile (multicast: 1, 2,
+// 4); a cluster holds splits x multicast <= kWgmmaMaxClusterBlocks blocks. Multicast was slower
+// than none at every point of the H200 sweep (docs/cuda.md): the plan keeps 1, MLX_FP4_CUDA_WGMMA
+// forces it.
 struct WgmmaConfig {
-  int tile_m = 64, splits = 1;
+  int tile_m = 64, splits = 1, multicast = 1;
 };
 
 struct Plan {
@@ -151,13 +154,17 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
   return best;
 }
 
-// "tile_m,splits" (MLX_FP4_CUDA_WGMMA), or false when malformed.
+// "tile_m,splits[,multicast]" (MLX_FP4_CUDA_WGMMA), or false when malformed.
 inline bool parse_wgmma(const char* s, WgmmaConfig& cfg) {
-  int tm = 0, sp = 0;
-  if (!s || std::sscanf(s, "%d,%d", &tm, &sp) != 2) return false;
+  int tm = 0, sp = 0, mc = 1;
+  if (!s) return false;
+  const int got = std::sscanf(s, "%d,%d,%d", &tm, &sp, &mc);
+  if (got != 2 && got != 3) return false;
   if (tm != kWgmmaTileMSmall && tm != kWgmmaTileMMid && tm != kWgmmaTileMLarge) return false;
   if (sp != 1 && sp != 2 && sp != 4) return false;
-  cfg = WgmmaConfig{tm, sp};
+  if (mc != 1 && mc != 2 && mc != 4) return false;
+  if (sp * mc > kWgmmaMaxClusterBlocks) return false;
+  cfg = WgmmaConfig{tm, sp, mc};
   return true;
 }
 }  // namespace plan_detail
@@ -165,7 +172,7 @@ inline bool parse_wgmma(const char* s, WgmmaConfig& cfg) {
 // Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
 // `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant | wgmma,
 // MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic. `wgmma`: wgmma_loads_ok (the device's
-// dev.wgmma is checked here); `wgmma_override`: MLX_FP4_CUDA_WGMMA = "tile_m,splits".
+// dev.wgmma is checked here); `wgmma_override`: MLX_FP4_CUDA_WGMMA = "tile_m,splits[,multicast]".
 inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
                        const char* path_override, const char* tc_override, bool wgmma = false,
                        const char* wgmma_override = nullptr) {

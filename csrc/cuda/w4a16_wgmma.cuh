@@ -7,9 +7,14 @@
 // and scale tiles, into a ring of stages completing on mbarriers); warpgroups 1..kWgmmaConsumers
 // each own kWgmmaRows weight rows and all tile_m x rows of the block (the wgmma D = W x^T tile).
 // setmaxnreg moves registers from the producer to the consumers. Split K: the `splits` blocks of
-// one cluster (consecutive blockIdx.x, the cluster along x as MLX's graph cache expects) take
-// consecutive K ranges and rank 0 adds the others' accumulators from their shared memory (DSMEM)
-// in rank order, so the sum is deterministic. Then global scale, epilogue, cast.
+// one weight tile (consecutive blockIdx.x) take consecutive K ranges and the first adds the
+// others' accumulators from their shared memory (DSMEM) in rank order, so the sum is
+// deterministic. Then global scale, epilogue, cast. Multicast: `multicast` consecutive weight
+// tiles share one x tile; each of their blocks copies 1/multicast of every x stage and the TMA
+// multicast writes it into all of them, which cuts the L2 reads of x (the largest operand of a
+// stage: 32 KB of x against 18 KB of weights and scales at 64 x rows). A cluster is the
+// splits x multicast blocks along x (as MLX's graph cache expects), rank = tile_in_group *
+// splits + split; a slot is refilled only once every block of the group has released it.
 //
 // Lane layout. The decode of one 32-bit word of 8 nibbles (fp4_word) gives the pairs (j, j + 4),
 // j = 0..3; wgmma wants lane t of a warp to hold A columns (2t, 2t + 1) and (2t + 8, 2t + 9) of a
@@ -101,6 +106,12 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+// Arrive on the barrier at the same shared-memory offset in block `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, unsigned rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
@@ -116,6 +127,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
       ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+// The same copy into the same shared-memory offset of every block in `mask` (cluster ranks),
+// completing on the barrier at `bar`'s offset in each of them.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(mask)
       : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -197,7 +218,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   constexpr int kWBytes = wgmma_w_stage_bytes();
   constexpr int kConsumerWarps = kWgmmaConsumers * 4;
   constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+  constexpr int kWgmmaXBoxes = kWgmmaStageK / kWgmmaXBoxK;
   static_assert(kStages >= 2, "the ring needs two stages");
+  static_assert(kWgmmaXBoxes % kWgmmaMaxMulticast == 0, "every multicast share is whole x boxes");
   static_assert(TM / 2 * 128 * kWgmmaConsumers * 4 <= kStages * kStageBytes, "reduction must fit in the ring");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
@@ -208,22 +231,30 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const unsigned splits = static_cast<unsigned>(args.splits);
-  const int64_t n_base = int64_t(blockIdx.x / splits) * kWgmmaBlockRows;
+  const unsigned mcast = static_cast<unsigned>(args.multicast);
+  const bool clustered = splits * mcast > 1;
+  const int64_t tile = blockIdx.x / splits;
+  const int64_t n_base = tile * kWgmmaBlockRows;
   const int64_t m_base = int64_t(blockIdx.y) * TM;
-  const int64_t split = blockIdx.x % splits;  // == the cluster rank
+  const unsigned split = blockIdx.x % splits;
+  const unsigned group_pos = static_cast<unsigned>(tile % mcast);  // rank = group_pos * splits + split
   const int64_t st_begin = args.k_stages * split / splits;
   const int nst = static_cast<int>(args.k_stages * (split + 1) / splits - st_begin);
+  uint16_t group_mask = 0;  // the ranks sharing this block's x tile and K range
+  for (unsigned g = 0; g < mcast; ++g) group_mask |= uint16_t(1u << (g * splits + split));
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kConsumerWarps);
+      mbar_init(&empty[i], kConsumerWarps * static_cast<int>(mcast));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   fill_scale_table<T>(s_scale);  // ends with __syncthreads: barriers and table visible
 
   namespace cg = cooperative_groups;
+  // Peers copy into this block's ring and arrive on its barriers: all must be initialized first.
+  if (mcast > 1) cg::this_cluster().sync();
   const int warp = (tid / 32) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   if (wg == 0) {
     // Producer. The accumulators live in the consumers' branch only: a value live across this
@@ -236,11 +267,17 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
         if (i >= kStages) mbar_wait(&empty[slot], ((i / kStages) - 1) & 1);
         uint8_t* base = smem + slot * kStageBytes;
         const int st = static_cast<int>(st_begin + i);
+        // The whole stage lands here (peers multicast their share of x): expect all of it.
         mbar_expect_tx(&full[slot], kStageBytes);
 #pragma unroll
-        for (int j = 0; j < kWgmmaStageK / kWgmmaXBoxK; ++j) {
-          tma_load_2d(base + j * (TM * kWgmmaXBoxK * 2), &args.x_map, &full[slot], st * kWgmmaStageK + j * kWgmmaXBoxK,
-                      static_cast<int>(m_base));
+        for (int j = 0; j < kWgmmaXBoxes; ++j) {
+          uint8_t* dst = base + j * (TM * kWgmmaXBoxK * 2);
+          const int c0 = st * kWgmmaStageK + j * kWgmmaXBoxK;
+          if (mcast == 1) {
+            tma_load_2d(dst, &args.x_map, &full[slot], c0, static_cast<int>(m_base));
+          } else if (unsigned(j) % mcast == group_pos) {
+            tma_load_2d_multicast(dst, &args.x_map, &full[slot], c0, static_cast<int>(m_base), group_mask);
+          }
         }
         tma_load_2d(base + kXBytes, &args.w_map, &full[slot], st * (kWgmmaStageK / fp4::kValuesPerByte),
                     static_cast<int>(n_base));
@@ -248,7 +285,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
                     static_cast<int>(n_base));
       }
     }
-    if (splits > 1) {  // the barriers of the consumers' reduction below
+    if (clustered) {  // the barriers of the consumers' reduction and exit below
       __syncthreads();
       cg::this_cluster().sync();
       cg::this_cluster().sync();
@@ -281,7 +318,14 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
     // The previous stage's second half is done: its slot can be refilled.
     wgmma_wait<1>();
     wgmma_pin<TM / 2>(acc);
-    if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % kStages]);
+    if (i > 0 && lane == 0) {
+      uint64_t* bar = &empty[(i - 1) % kStages];
+      if (mcast == 1) {
+        mbar_arrive(bar);
+      } else {
+        for (unsigned g = 0; g < mcast; ++g) mbar_arrive_cluster(bar, g * splits + split);
+      }
+    }
     __syncwarp();
     wgmma_decode_half<T>(A1, w, r0, t, 1, sc0, sc1, s_scale);
     wgmma_issue_half<T, TM>(acc, A1, x_addr, 1);
@@ -291,28 +335,29 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   wgmma_wait<0>();
   wgmma_pin<TM / 2>(acc);
 
-  if (splits > 1) {
-    // Cluster split K: ranks > 0 leave their accumulators in their own ring, rank 0 adds them.
+  if (clustered) {
+    // Split K: splits > 0 leave their accumulators in their own ring, split 0 adds them. Every
+    // block waits for the cluster before leaving: peers may still arrive on its barriers.
     cg::cluster_group cluster = cg::this_cluster();
     constexpr int kConsumerThreads = 128 * kWgmmaConsumers;
     float* red = reinterpret_cast<float*>(smem);
     const int ct = tid - 128;
     const unsigned rank = cluster.block_rank();
     __syncthreads();  // every consumer is done with the ring
-    if (rank != 0) {
+    if (split != 0) {
 #pragma unroll
       for (int i = 0; i < TM / 2; ++i) red[i * kConsumerThreads + ct] = acc[i];
     }
     cluster.sync();
-    if (rank == 0) {
-      for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
-        const float* peer = cluster.map_shared_rank(red, r);
+    if (split == 0) {
+      for (unsigned r = 1; r < splits; ++r) {
+        const float* peer = cluster.map_shared_rank(red, rank + r);
 #pragma unroll
         for (int i = 0; i < TM / 2; ++i) acc[i] += peer[i * kConsumerThreads + ct];
       }
     }
-    cluster.sync();  // peers keep their shared memory until rank 0 has read it
-    if (rank != 0) return;
+    cluster.sync();  // peers keep their shared memory until split 0 has read it
+    if (split != 0) return;
   }
 
   // D fragment: register 4j + c holds weight row r0 (+ 8 when c & 2), x row 8j + 2t + (c & 1).

@@ -54,6 +54,8 @@ enum : int {
   kWgmmaMaxStages = 6,
   kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
   kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
+  kWgmmaMaxMulticast = 4,   // weight tiles sharing one multicast x tile (a divisor of the 4 x boxes)
+  kWgmmaMaxClusterBlocks = 8,  // splits x multicast: the portable cluster size (no opt-in)
   kWgmmaAutoMaxSplits = 2,  // ... the plan's: 4 was slower than 2 or 1 at every point of the sweep
   kWgmmaSmallTileMaxM = 64,  // the plan tries 32-row x tiles up to here (measured up to M = 64)
   kWgmmaMinStagesPerSplit = 4,

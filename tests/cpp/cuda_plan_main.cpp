@@ -2,7 +2,7 @@
 // from stdin, one per line:
 //   plan N K M dtype(bf16|f16|f32) vec(0|1) staged(0|1) [path_override|-] [tc_override|-] [wgmma(0|1)]
 //        [wgmma_override|-]
-//     -> "path mt rt kw staged tile_m splits"   (path: simt | tc | dequant | wgmma)
+//     -> "path mt rt kw staged tile_m splits multicast"   (path: simt | tc | dequant | wgmma)
 //   plan_mxfp4 ...: the same for MXFP4 scales
 //   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
 //     -> "vector staged wgmma"           (vector_loads_ok, staged_loads_ok, wgmma_loads_ok)
@@ -49,7 +49,8 @@ int main() {
                                    tc_o == "-" ? nullptr : tc_o.c_str(), wgmma != 0,
                                    wg_o == "-" ? nullptr : wg_o.c_str());
       std::cout << path_name(plan.path) << ' ' << plan.tc.mt << ' ' << plan.tc.rt << ' ' << plan.tc.kw << ' '
-                << int(plan.staged) << ' ' << plan.wg.tile_m << ' ' << plan.wg.splits << '\n';
+                << int(plan.staged) << ' ' << plan.wg.tile_m << ' ' << plan.wg.splits << ' ' << plan.wg.multicast
+                << '\n';
     } else if (what == "loads" || what == "loads_mxfp4") {
       p.mode = what == "loads" ? fp4::kModeNvfp4 : fp4::kModeMxfp4;
       uintptr_t x = 0, w = 0, s = 0;
