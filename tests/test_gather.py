@@ -167,6 +167,41 @@ def test_decode_gemv_shapes(device, dtype, k, n):
         check_gather(out_bad[:1], x[:1], w, s, rhs=idx[:1])
 
 
+# The first read of an output whose lazy index is out of range, before any other read of it.
+FIRST_READS = {
+    "eval-view": lambda out: mx.eval(out[1, 2]),
+    "numpy-view": lambda out: np.array(out[1, 2]),  # NumPy drops the buffer error and reads again
+    "eval-whole": lambda out: mx.eval(out),
+}
+
+
+@pytest.mark.parametrize("first_read", sorted(FIRST_READS))
+@pytest.mark.parametrize("m,bad_arg", [(1, "rhs"), (1, "lhs"), (16, "rhs")])
+def test_lazy_bad_index_every_read_is_defined(device, first_read, m, bad_arg):
+    """A lazy out-of-range index (rhs: an expert; lhs: a matrix of x) is seen only by the kernel,
+    after MLX has marked the output and all its views evaluated; an error raised there would
+    reach the caller at most once, maybe at another call, and leave the buffer unwritten. So on
+    every backend every read of every view sees the same defined values: a NaN row for the bad
+    pair, the product elsewhere (m = 1: the GEMV groups, m = 16: the GEMM groups)."""
+    g = rng("lazy-bad", m, bad_arg)
+    e, n, k, t, top = 5, 37, 2048, 2, 3
+    w, s = experts(e, n, k, g)
+    x = rand_x((t, 1, m, k), mx.bfloat16, g)
+    rhs = topk_indices(g, t, top, e)
+    lhs = np.repeat(np.arange(t, dtype=np.int32)[:, None], top, axis=1)
+    bad, limit = (rhs, e) if bad_arg == "rhs" else (lhs, t)
+    bad[1, 2] = limit  # out of range; "+ 0" below keeps it lazy, so the call cannot check it
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=mx.array(lhs) + 0, rhs_indices=mx.array(rhs) + 0,
+                                     out_dtype=mx.float32)
+    FIRST_READS[first_read](out)  # no backend raises (nor later, on an unrelated call)
+    for _ in range(2):  # any view, any number of times: the same values
+        assert np.isnan(np.array(out[1, 2])).all()
+        check_gather(out[:1], x, w, s, lhs=mx.array(lhs[:1]), rhs=mx.array(rhs[:1]), out_dtype=mx.float32)
+        check_gather(out[1:, :2], x, w, s, lhs=mx.array(lhs[1:, :2]), rhs=mx.array(rhs[1:, :2]), out_dtype=mx.float32)
+    good = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=mx.array(rhs[:1]) + 0)  # the stream still works
+    check_gather(good, x, w, s, rhs=mx.array(rhs[:1]))
+
+
 @pytest.mark.parametrize("sort", [False, True])
 def test_same_bytes_as_mx_gather_qmm(device, sort):
     """MLX's own quantizer output, on MLX's call patterns; MLX's kernels round differently (see
@@ -261,3 +296,27 @@ def test_quantize_stacked_equals_per_expert(device):
     p0, s0 = mx_fp4.quantize(wf)
     p1, s1 = mx_fp4.quantize(wf[1, 0])
     assert mx.array_equal(p0[1, 0], p1) and mx.array_equal(s0[1, 0], s1)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("m,sort,k", [(1, True, 256), (3, False, 384), (1, False, 512)])
+def test_grouped_prefill_tiles(device, dtype, m, sort, k):
+    """Past the pair GEMV's rows (prefill), K % 128 == 0: on CUDA the plan's tiles run on the
+    dense staged kernel through row maps (tiles of 32 rows, partial last tiles, two weight-row
+    tiles over N = 72); per-expert global scale, a per-pair bias and a full gate in the chain
+    (operands indexed by the mapped output row), lhs indices into several x matrices."""
+    g = rng("grouped-prefill", m, sort, k, dtype)
+    e, n, pairs = 5, 72, 90
+    w, s = experts(e, n, k, g)
+    x = rand_x((4, m, k), dtype, g)
+    lhs = mx.array(g.integers(0, 4, size=pairs).astype(np.uint32))
+    r = g.integers(0, e, size=pairs)
+    rhs = mx.array((np.sort(r) if sort else r).astype(np.uint32))
+    gs = mx.array(g.uniform(1, 600, size=e).astype(np.float32))
+    bias = rand_x((pairs, 1, n), mx.float32, g)
+    gate = rand_x((pairs, m, n), dtype, g)
+    chain = [("add", bias), "silu", ("mul", gate)]
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=lhs, rhs_indices=rhs, global_scale=gs, epilogue=chain,
+                                     sorted_indices=sort)
+    assert out.shape == (pairs, m, n)
+    check_gather(out, x, w, s, lhs=lhs, rhs=rhs, global_scale=gs, epilogue=chain)

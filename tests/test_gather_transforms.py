@@ -107,11 +107,10 @@ def test_compile_and_shapeless(device, moe):
         close(out, pairs(xt, lhs, flat), f"shapeless T={t}", rel=0.0)
 
 
-def test_bad_lazy_index_raises_when_run_and_the_stream_recovers(device, moe):
+def test_bad_lazy_index_gives_nan_rows_and_the_stream_recovers(device, moe):
     x, w, s, idx = moe["x"], moe["w"], moe["s"], moe["idx"]
-    if device == mx.gpu:
-        pytest.skip("GPU kernels write NaN for out-of-range indices (no read); the CPU raises")
-    lazy = idx + 4  # computed only when the op runs: checked by the kernel
-    with pytest.raises(RuntimeError, match=r"rhs_indices must be in \[0, 4\) but got"):
-        mx.eval(mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=lazy))
-    mx.eval(mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx))
+    lazy = idx + 4  # every expert out of [0, 4), known only when the op runs: NaN rows, no read
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=lazy)
+    assert np.isnan(np.array(out.astype(mx.float32))).all()
+    good = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx)
+    assert not np.isnan(np.array(good.astype(mx.float32))).any()

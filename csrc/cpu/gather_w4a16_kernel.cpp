@@ -7,8 +7,7 @@
 #include "gather_w4a16_kernel.h"
 
 #include <algorithm>
-#include <stdexcept>
-#include <string>
+#include <limits>
 #include <vector>
 
 #include "microkernel.h"
@@ -44,27 +43,37 @@ struct Group {
   int64_t count;
 };
 
-void check_indices(const fp4::GatherW4A16Problem& g, const GatherBuffers& b) {
+// Unsigned compares: a negative index arrives as a large uint32 (the op's canonical form).
+bool bad_pair(const fp4::GatherW4A16Problem& g, const GatherBuffers& b, int64_t p) {
+  return b.lhs[p] >= g.x_batches || b.rhs[p] >= g.experts;
+}
+
+// NaN rows for the out-of-range pairs (the GPU kernels' contract): a defined result that reads
+// neither x nor a weight through a bad index.
+void fill_bad_pairs(const fp4::GatherW4A16Problem& g, const GatherBuffers& b) {
   for (int64_t p = 0; p < g.pairs; ++p) {
-    const bool bad_lhs = b.lhs[p] >= g.x_batches;
-    if (bad_lhs || b.rhs[p] >= g.experts) {
-      throw std::invalid_argument(
-          std::string("[gather_w4a16_matmul] ") + (bad_lhs ? "lhs_indices" : "rhs_indices") + " must be in [0, " +
-          std::to_string(bad_lhs ? g.x_batches : g.experts) + ") but got " +
-          std::to_string(bad_lhs ? b.lhs[p] : b.rhs[p]) + " at flat position " + std::to_string(p) + ".");
-    }
+    if (!bad_pair(g, b, p)) continue;
+    visit_dtype(g.mm.out_dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* dst = static_cast<T*>(b.out) + p * g.mm.m * g.mm.n;
+      std::fill(dst, dst + g.mm.m * g.mm.n, static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
+    });
   }
 }
 
-// Counting sort of the pairs by expert (stable), then one group per expert that has pairs.
+// Counting sort of the in-range pairs by expert (stable), then one group per expert that has pairs.
 std::vector<Group> group_by_expert(const fp4::GatherW4A16Problem& g, const GatherBuffers& b,
                                    std::vector<int64_t>& order) {
   std::vector<int64_t> start(g.experts + 1, 0);
-  for (int64_t p = 0; p < g.pairs; ++p) ++start[b.rhs[p] + 1];
+  for (int64_t p = 0; p < g.pairs; ++p) {
+    if (!bad_pair(g, b, p)) ++start[b.rhs[p] + 1];
+  }
   for (int64_t e = 0; e < g.experts; ++e) start[e + 1] += start[e];
-  order.resize(g.pairs);
+  order.resize(start.back());
   std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t p = 0; p < g.pairs; ++p) order[next[b.rhs[p]]++] = p;
+  for (int64_t p = 0; p < g.pairs; ++p) {
+    if (!bad_pair(g, b, p)) order[next[b.rhs[p]]++] = p;
+  }
   std::vector<Group> groups;
   for (int64_t e = 0; e < g.experts; ++e) {
     if (start[e + 1] > start[e]) groups.push_back({e, start[e], start[e + 1] - start[e]});
@@ -212,8 +221,8 @@ void run_gemm_group(const fp4::GatherW4A16Problem& g, const GatherBuffers& b, co
 }  // namespace
 
 void run_gather_w4a16(const fp4::GatherW4A16Problem& g, const GatherBuffers& b) {
-  check_indices(g, b);
   if (fp4::gather_out_rows(g) == 0 || g.mm.n == 0) return;
+  fill_bad_pairs(g, b);
   std::vector<int64_t> order;
   const std::vector<Group> groups = group_by_expert(g, b, order);
   std::vector<Group> small;

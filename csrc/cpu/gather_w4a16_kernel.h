@@ -15,8 +15,9 @@ struct GatherBuffers {
   void* out;  // [pairs * m, n], out_dtype
 };
 
-// Checks every index first (std::invalid_argument naming the first bad one, before any weight
-// is read), then computes. Pairs are grouped by expert so that each expert's weights stream once.
+// Writes the whole output and does not throw for bad indices (see gather_w4a16_matmul.cpp):
+// out-of-range pairs get NaN rows, as on the GPU backends, and nothing is read through them.
+// Pairs are grouped by expert so that each expert's weights stream once.
 void run_gather_w4a16(const fp4::GatherW4A16Problem& g, const GatherBuffers& b);
 
 }  // namespace mlx_fp4::cpu

@@ -1,5 +1,5 @@
 // GatherW4A16Matmul::eval_cpu: binds MLX buffers and queues the gathered CPU kernel on the
-// stream's thread (the kernel checks the indices there, before it reads any weight).
+// stream's thread.
 #include "../gather_primitive.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -24,6 +24,10 @@ void GatherW4A16Matmul::eval_cpu(const std::vector<mx::array>& inputs, std::vect
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_output_array(out);
   // Inputs stay alive until the queued task has run (MLX holds their buffers).
+  // Lazy indices are first readable in this task, and it must not throw for them: MLX 0.32.4 has
+  // already marked `out` and its views evaluated, keeps the error on the stream rather than on
+  // them, re-raises it at whichever later call checks the stream first (maybe an unrelated one,
+  // maybe none) and can leak a task count doing so. So bad pairs get NaN rows instead.
   enc.dispatch([g, b]() { cpu::run_gather_w4a16(g, b); });
 }
 

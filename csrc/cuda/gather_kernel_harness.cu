@@ -48,11 +48,11 @@ T* to_device(const std::vector<T>& h) {
 DeviceInfo g_dev;
 
 // The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV as the decode
-// GEMV, the SIMT kernel and the batched dense tensor-core kernel.
-enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc };
+// GEMV, the SIMT kernel, the batched dense tensor-core kernel and both grouped tensor-core kernels.
+enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc, kTcStaged };
 
 Kind kind_of(GatherKernel k) {
-  return k == GatherKernel::kPairs ? Kind::kDecode : k == GatherKernel::kTc ? Kind::kTc : Kind::kGemv;
+  return k == GatherKernel::kPairs ? Kind::kDecode : k == GatherKernel::kTc ? Kind::kTcStaged : Kind::kGemv;
 }
 
 template <typename Args>
@@ -129,7 +129,9 @@ struct Problem {
 
   void use(Kind k) {
     kernel = k;
-    a.use_tc = k == Kind::kTc ? 1 : 0;
+    // The glue's rule (gather_w4a16_matmul.cpp tc_kind): the staged kernel where its loads apply.
+    const bool staged = k == Kind::kTcStaged && staged_loads_ok(g.mm, a.x, a.w, a.scales);
+    a.use_tc = staged ? kTcStaged : (k == Kind::kTc || k == Kind::kTcStaged) ? kTcRegister : kTcNone;
   }
 
   // The batched dense kernel's launch for this problem (func null where it does not apply).
@@ -163,6 +165,12 @@ struct Problem {
       return;
     }
     run(gather_plan_launch(g), a, st);
+    if (a.use_tc == kTcStaged) {
+      W4A16Args b = grouped_args(a);
+      run(tc_grouped_launch(g.mm, g_dev, fp4::cuda_gather_tiling::max_tc_tiles(g.experts, fp4::gather_out_rows(g))), b,
+          st);
+      return;
+    }
     run(a.use_tc ? gather_tc_launch(g, vec) : gather_gemv_launch(g, vec), a, st);
   }
 
@@ -186,9 +194,9 @@ float bf16_value(uint16_t bits) {
 // Double sum over exact decoded weights; NaN rows for out-of-range pairs.
 const char* kernel_name(Kind k) {
   return k == Kind::kDecode ? "decode" : k == Kind::kPairs ? "pairs" : k == Kind::kPairsTc ? "pairs-tc"
-         : k == Kind::kTc ? "tc" : "gemv";
+         : k == Kind::kTc ? "tc" : k == Kind::kTcStaged ? "tc-staged" : "gemv";
 }
-constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs, Kind::kPairsTc, Kind::kGemv, Kind::kTc};
+constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs, Kind::kPairsTc, Kind::kGemv, Kind::kTc, Kind::kTcStaged};
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
 void check(const std::string& name, Problem& pr, Kind kernel) {
@@ -273,6 +281,12 @@ void run_checks() {
       // The decode GEMV: K >= 2048 with a partial last group (65 chunks), rows past N.
       Problem p(5, 37, 2080, 1, 2, l, r, true, rng);
       check("decode GEMV, K = 2080, N = 37", p, tc);
+    }
+    {
+      // The grouped staged kernel's shape: K % 128 == 0, groups over several 32-row tiles with a
+      // partial last one, M = 3 rows per pair, x matrices through lhs, N = 72 (a partial weight tile).
+      Problem p(3, 72, 384, 3, 40, random_experts(40, 4, false, rng), random_experts(40, 3, true, rng), true, rng);
+      check("grouped tiles, M = 3, K = 384", p, tc);
     }
   }
 }

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherAr
   const int64_t N = a.g.mm.n;
   const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= N) return;
-  const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs);
+  const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs, fp4::gather_out_rows(a.g));
   const W4A16Args ep = epilogue_view(a);
   const int32_t na = *v.num_active;
   for (int64_t slot = blockIdx.y; slot < na; slot += gridDim.y) {

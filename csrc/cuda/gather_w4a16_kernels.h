@@ -24,12 +24,17 @@ struct GatherArgs {
   const void* operands[fp4::kMaxEpilogueOperands];
   void* out;                // [pairs * m, n], mm.out_dtype
   int32_t* workspace;       // plan_workspace_words(experts, pairs, rows) int32
-  int use_tc;               // 1: the plan lists tensor-core tiles and gather_tc_launch runs
-                            // (the pair GEMV needs no workspace and no plan)
+  int use_tc;               // GatherTc: whether the plan lists tensor-core tiles (and row maps)
+                            // for gather_tc_launch / tc_grouped_launch (the pair GEMV needs no
+                            // workspace and no plan)
   fp4::GatherW4A16Problem g;
 };
 
 using fp4::cuda_gather_tiling::GatherKernel;
+
+// GatherArgs::use_tc: no tiles (grouped GEMV), tiles for the grouped register-prefetch kernel
+// (gather_tc_launch), or tiles and row maps for the grouped staged kernel (tc_grouped_launch).
+enum GatherTc : int { kTcNone = 0, kTcRegister = 1, kTcStaged = 2 };
 
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
 // The plan: the pair GEMV for at most kPairsMaxRows rows of x (decode); else the plan kernel,
@@ -45,6 +50,30 @@ Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec, bool deco
 bool gather_decode_ok(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
+
+// The plan's tiles as grouped dense products for the staged tensor-core kernel
+// (W4A16Args::group_*, tc_grouped_launch), in the plan's workspace (a.workspace, plan_layout).
+inline W4A16Args grouped_args(const GatherArgs& a) {
+  using namespace fp4::cuda_gather_tiling;
+  W4A16Args b{};
+  b.x = a.x;
+  b.w = a.w;
+  b.scales = a.scales;
+  b.global_scale = a.multiplier;
+  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
+  b.out = a.out;
+  b.p = a.g.mm;
+  b.w_batch_bytes = a.g.w_expert_bytes;
+  b.scale_batch_bytes = a.g.scale_expert_bytes;
+  b.multiplier_per_expert = a.g.multiplier_per_expert;
+  const PlanLayout l = plan_layout(a.g.experts, a.g.pairs, fp4::gather_out_rows(a.g));
+  b.group_start = a.workspace + l.start;
+  b.group_num_tiles = a.workspace + l.num_tiles;
+  b.group_tiles = a.workspace + l.tiles;
+  b.x_rows = a.workspace + l.x_rows;
+  b.out_rows = a.workspace + l.out_rows;
+  return b;
+}
 
 // The pair GEMV as a batch of dense products for the staged tensor-core kernel
 // (W4A16Args::batch_*, tc_batched_launch): one product per pair, grid z.

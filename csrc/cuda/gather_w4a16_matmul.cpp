@@ -38,6 +38,19 @@ const std::string& pairs_forced() {
   return forced;
 }
 
+// The plan's tensor-core tiles run on the dense staged kernel (grouped, row maps in the plan) where
+// its loads apply and the row maps fit int32, else on the register-prefetch kernel;
+// MLX_FP4_CUDA_GATHER_STAGED=0 forces the latter (tests, A/B timing).
+cuda::GatherTc tc_kind(const fp4::GatherW4A16Problem& g, const cuda::GatherArgs& a) {
+  static const bool disabled = std::getenv("MLX_FP4_CUDA_GATHER_STAGED") &&
+                               std::string(std::getenv("MLX_FP4_CUDA_GATHER_STAGED")) == "0";
+  constexpr int64_t kMaxRow = 0x7FFFFFFF;
+  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
+  const bool fits = fp4::gather_out_rows(g) <= kMaxRow && g.x_batches * g.mm.m <= kMaxRow;
+  return !disabled && half_x && fits && cuda::staged_loads_ok(g.mm, a.x, a.w, a.scales) ? cuda::kTcStaged
+                                                                                        : cuda::kTcRegister;
+}
+
 }  // namespace
 
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vector<mx::array>& outputs) {
@@ -62,8 +75,8 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   for (int i = 0; i < g.mm.num_operands; ++i) a.operands[i] = mx::gpu_ptr<void>(inputs[operand_input_index(i)]);
   a.out = mx::gpu_ptr<void>(out);
   const cuda::GatherKernel kernel = gather_kernel(g);
-  a.use_tc = kernel == cuda::GatherKernel::kTc ? 1 : 0;
   a.g = g;
+  a.use_tc = kernel == cuda::GatherKernel::kTc ? tc_kind(g, a) : cuda::kTcNone;
   const bool vec = cuda::vector_loads_ok(g.mm, a.x, a.w);
 
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
@@ -104,12 +117,19 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   enc.set_output_array(out);
   const cuda::Launch plan = cuda::gather_plan_launch(g);
   enc.add_kernel_node_ex(plan.func, plan.grid, plan.block, {}, plan.smem, a);
-  // GEMV over every active expert, or the tensor-core kernel over the plan's tiles.
+  // GEMV over every active expert, or a tensor-core kernel over the plan's tiles.
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_input_array(ws);
   enc.set_output_array(out);
-  const cuda::Launch run = a.use_tc ? cuda::gather_tc_launch(g, vec) : cuda::gather_gemv_launch(g, vec);
-  enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
+  if (a.use_tc == cuda::kTcStaged) {
+    cuda::W4A16Args b = cuda::grouped_args(a);  // non-const: MLX takes the kernel arguments by pointer
+    const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, fp4::gather_out_rows(g));
+    const cuda::Launch run = cuda::tc_grouped_launch(g.mm, cuda::device_info(enc.device().cuda_device()), tiles);
+    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, b);
+  } else {
+    const cuda::Launch run = a.use_tc ? cuda::gather_tc_launch(g, vec) : cuda::gather_gemv_launch(g, vec);
+    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
+  }
   enc.add_temporary(ws);
 }
 

@@ -24,13 +24,15 @@ struct PlanView {
   int32_t* order;   // [P]: pair ids grouped by expert
   int32_t* num_tiles;
   int32_t* tiles;   // [max_tc_tiles] x (expert, first row of the tile in its group)
+  int32_t* x_rows;    // [rows]: row r of the sorted order reads this x row (kTcStaged only)
+  int32_t* out_rows;  // [rows]: ... and writes this out row
 };
 
-// The workspace layout of plan_workspace_words (gather_tiling_cuda.h).
-__device__ __forceinline__ PlanView plan_view(int32_t* ws, int64_t experts, int64_t pairs) {
-  int32_t* order = ws + 3 * experts + 2;
-  return PlanView{ws, ws + experts, ws + 2 * experts + 1, ws + 3 * experts + 1, order, order + pairs,
-                  order + pairs + 1};
+// The workspace layout of plan_layout (gather_tiling_cuda.h).
+__device__ __forceinline__ PlanView plan_view(int32_t* ws, int64_t experts, int64_t pairs, int64_t rows) {
+  const PlanLayout l = plan_layout(experts, pairs, rows);
+  return PlanView{ws,           ws + l.start,  ws + l.active,  ws + l.num_active, ws + l.order,
+                  ws + l.num_tiles, ws + l.tiles, ws + l.x_rows, ws + l.out_rows};
 }
 
 __device__ __forceinline__ bool pair_ok(const GatherArgs& a, int64_t p) {
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherA
   using Scan = cub::BlockScan<int32_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int64_t E = a.g.experts, P = a.g.pairs;
-  const PlanView v = plan_view(a.workspace, E, P);
+  const PlanView v = plan_view(a.workspace, E, P, fp4::gather_out_rows(a.g));
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) v.cursor[e] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
@@ -101,6 +103,15 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherA
     } else {
       for (int64_t i = 0; i < M * N; ++i) store_from_float(a.out, a.g.mm.out_dtype, p * M * N + i, nan);
     }
+  }
+  if (a.use_tc != kTcStaged) return;
+  // The grouped staged kernel reads and writes rows through these maps of the sorted order.
+  __syncthreads();
+  const int64_t rows = int64_t(v.start[E]) * M;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int64_t pair = v.order[r / M];
+    v.x_rows[r] = static_cast<int32_t>(int64_t(a.lhs[pair]) * M + r % M);
+    v.out_rows[r] = static_cast<int32_t>(pair * M + r % M);
   }
 }
 

@@ -21,7 +21,7 @@ template <typename T, bool kVec, int Mode>
 __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_kernel(const GatherArgs a) {
   constexpr int MT = kTcColTiles;
   constexpr int RT = kTcRowTiles;
-  const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs);
+  const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs, fp4::gather_out_rows(a.g));
   const int64_t tile = blockIdx.x;
   if (tile >= *v.num_tiles) return;  // uniform per block: before any barrier
   const int lane = threadIdx.x & 31;

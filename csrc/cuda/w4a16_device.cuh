@@ -85,6 +85,25 @@ __device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) 
   return b;
 }
 
+// Tile blockIdx.x of a grouped launch (W4A16Args::group_*): expert, rows from the tile's first
+// (p.m = rows left in the group; the kernel's tile covers what fits), row maps moved to them.
+// `live` is false past the plan's tile count.
+__device__ __forceinline__ W4A16Args group_view(const W4A16Args& a, bool& live) {
+  W4A16Args b = a;
+  const int64_t tile = blockIdx.x;
+  live = tile < *a.group_num_tiles;
+  if (!live) return b;
+  const int64_t e = a.group_tiles[2 * tile], r0 = a.group_tiles[2 * tile + 1];
+  const int64_t first = int64_t(a.group_start[e]) * a.p.m;
+  b.p.m = int64_t(a.group_start[e + 1]) * a.p.m - first - r0;
+  b.w = a.w + e * a.w_batch_bytes;
+  b.scales = a.scales + e * a.scale_batch_bytes;
+  if (a.p.has_global_scale && a.multiplier_per_expert) b.global_scale = a.global_scale + e;
+  b.x_rows = a.x_rows + first + r0;
+  b.out_rows = a.out_rows + first + r0;
+  return b;
+}
+
 // NaN rows for an out-of-range pair: the first block of its grid writes them.
 __device__ __forceinline__ void batch_fill_nan(const W4A16Args& b) {
   if (blockIdx.x != 0 || blockIdx.y != 0) return;
@@ -375,14 +394,15 @@ __device__ __forceinline__ void tc_reduce(const float (&acc)[RT][MT][4], float* 
   }
 }
 
-// The dense kernels' store: rows m of x, global scale, chain, cast.
-template <int MT, int RT>
+// The dense kernels' store: rows m of x (out_rows[m] when grouped), global scale, chain, cast.
+template <int MT, int RT, bool kGrouped = false>
 __device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float (&acc)[RT][MT][4], float* red,
                                                 int64_t m_base, int64_t n_base, float acc_scale = kTcAccScale) {
   const float gs = global_scale_of(a);
   tc_reduce<MT, RT>(acc, red, m_base, n_base, [&](int64_t m, int64_t n, float sum) {
     if (n < a.p.n && m < a.p.m) {
-      store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, sum * acc_scale, m, n, gs));
+      const int64_t row = kGrouped ? int64_t(a.out_rows[m]) : m;
+      store_from_float(a.out, a.p.out_dtype, row * a.p.n + n, finish(a, sum * acc_scale, row, n, gs));
     }
   });
 }

@@ -32,6 +32,16 @@ struct W4A16Args {
   const uint32_t* batch_rhs;
   int64_t batch_x_matrices, batch_experts, w_batch_bytes, scale_batch_bytes;
   int multiplier_per_expert;
+  // Grid x as the tiles of grouped products (the gathered op's prefill, tc_grouped_launch): tile i
+  // is expert group_tiles[2i] from row group_tiles[2i + 1] of its rows group_start[e] * m ..
+  // group_start[e + 1] * m of the sorted order (w/scales/multiplier moved as for batch_rhs); row r
+  // of that order reads x row x_rows[r] and writes out row out_rows[r] (operands indexed by it).
+  // Tiles past *group_num_tiles are idle. Null group_tiles: not grouped.
+  const int32_t* group_tiles;
+  const int32_t* group_start;
+  const int32_t* group_num_tiles;
+  const int32_t* x_rows;
+  const int32_t* out_rows;
 };
 
 // The dequantize + dense GEMM path writes fp32 products here first when it cannot write `out`
@@ -77,6 +87,9 @@ DeviceInfo device_info(int device);
 // plan picks for one product of `p`; func null when the plan would not take the staged kernel
 // with one x tile for it (the caller then takes another kernel). `vec`: staged_loads_ok.
 Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products);
+// The grouped staged tensor-core kernel over grid x = `max_tiles` tiles (W4A16Args::group_*) of
+// kMaxStagedColTiles x 8 rows; `p` as for one expert (m = rows per pair), staged_loads_ok.
+Launch tc_grouped_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, int64_t max_tiles);
 
 // The wgmma kernel (sm_90a) reads x permuted per 256-wide K stage into a buffer of ours
 // ([M, wgmma_padded_k(K)], x's dtype, zero past K) by TMA, next to the weights and scales.

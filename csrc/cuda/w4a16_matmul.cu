@@ -89,11 +89,28 @@ CUfunction staged_func_sub(int mt, int rt) {
 template <typename T, int Mode>
 CUfunction batched_staged_func(int rt, int sub) {
   if (sub == kStagedSubSteps) {
-    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, Mode, true>)
-                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, Mode, true>);
+    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, Mode, kStagedBatched>)
+                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, Mode, kStagedBatched>);
   }
-  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, Mode, true>)
-                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, Mode, true>);
+  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, Mode, kStagedBatched>)
+                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, Mode, kStagedBatched>);
+}
+
+// The grouped staged kernels (tc_grouped_launch): x tiles of kMaxStagedColTiles x 8 rows, two
+// weight-row tiles per warp.
+template <typename T, int Mode>
+CUfunction grouped_staged_func(int sub) {
+  return sub == kStagedSubSteps
+             ? func_of(w4a16_tc_staged_kernel<T, kMaxStagedColTiles, 2, kStagedSubSteps, Mode, kStagedGrouped>)
+             : func_of(w4a16_tc_staged_kernel<T, kMaxStagedColTiles, 2, 1, Mode, kStagedGrouped>);
+}
+CUfunction grouped_staged_func_of(int x_dtype, int mode, int sub) {
+  if (mode == fp4::kModeMxfp4) {
+    return x_dtype == fp4::kDtypeF16 ? grouped_staged_func<__half, fp4::kModeMxfp4>(sub)
+                                     : grouped_staged_func<__nv_bfloat16, fp4::kModeMxfp4>(sub);
+  }
+  return x_dtype == fp4::kDtypeF16 ? grouped_staged_func<__half, fp4::kModeNvfp4>(sub)
+                                   : grouped_staged_func<__nv_bfloat16, fp4::kModeNvfp4>(sub);
 }
 
 // Either x dtype and scale format.
@@ -172,6 +189,15 @@ Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool
   Launch l = tc_launch_shape(p, plan.tc, true, true);
   l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, staged_sub_steps(p.k));
   l.grid.z = static_cast<unsigned>(products);
+  return l;
+}
+
+Launch tc_grouped_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, int64_t max_tiles) {
+  const TcConfig cfg = grouped_tc_config(p, dev, max_tiles);
+  fp4::W4A16Problem tiles = p;
+  tiles.m = max_tiles * kMmaCols * cfg.mt;  // grid x = one block row per tile
+  Launch l = tc_launch_shape(tiles, cfg, true, true);
+  l.func = grouped_staged_func_of(p.x_dtype, p.mode, staged_sub_steps(p.k));
   return l;
 }
 
@@ -390,11 +416,13 @@ void preload_kernels() {
                 const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(l.smem));
                 if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
-                if (mt != 1) continue;
+                // The batched (mt = 1) and grouped (the widest tile) variants of the same tile.
                 const int sub = staged_sub_steps(k);
-                const CUfunction b = batched_staged_func_of(dt, mode, rt, sub);
-                if (cuFuncSetAttribute(b, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(l.smem)) !=
-                    CUDA_SUCCESS) {
+                CUfunction variant = nullptr;
+                if (mt == 1) variant = batched_staged_func_of(dt, mode, rt, sub);
+                if (mt == kMaxStagedColTiles && rt == 2) variant = grouped_staged_func_of(dt, mode, sub);
+                if (variant && cuFuncSetAttribute(variant, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                  static_cast<int>(l.smem)) != CUDA_SUCCESS) {
                   throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
                 }
               }

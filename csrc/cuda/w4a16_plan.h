@@ -169,6 +169,20 @@ inline bool parse_wgmma(const char* s, WgmmaConfig& cfg) {
 }
 }  // namespace plan_detail
 
+// Grouped staged kernel (the gathered op's prefill, tc_grouped_launch): x tiles of the widest
+// staged tile, two weight-row tiles per warp, warps per block doubled while the grid of
+// `max_tiles` x-row tiles stays within kStagedWarpsPerSm per SM and each warp keeps 4 steps of K (the dense rule).
+inline TcConfig grouped_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev, int64_t max_tiles) {
+  using namespace fp4::cuda_tiling;
+  TcConfig c{kMaxStagedColTiles, 2, 1};
+  const int64_t blocks = max_tiles * ceil_div(p.n, kMmaRows * c.rt);
+  const int64_t nsteps = ceil_div(p.k, kStepK);
+  const int64_t warp_budget = int64_t(dev.sm_count) * kStagedWarpsPerSm;
+  while (c.kw < kMaxWarpsPerBlock && blocks * c.kw * 2 <= warp_budget && nsteps >= 4 * c.kw * 2) c.kw *= 2;
+  return c;
+}
+
+
 // Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
 // `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant | wgmma,
 // MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic. `wgmma`: wgmma_loads_ok (the device's

@@ -65,17 +65,22 @@ __device__ __forceinline__ int staged_swizzle(int row) {
   return SUB == 2 ? (row & 1) << 2 : 0;  // chunk index ^ 4 on odd rows: the other half of 128 bytes
 }
 
-// kBatched: grid z is a batch of products (W4A16Args::batch_*, the gathered op's decode).
-template <typename T, int MT, int RT, int SUB, int Mode, bool kBatched = false>
+// The products of one launch: one, a batch over grid z (W4A16Args::batch_*, the gathered op's
+// decode), or grouped tiles over grid x (W4A16Args::group_*, the gathered op's prefill).
+enum StagedProducts : int { kStagedOne = 0, kStagedBatched = 1, kStagedGrouped = 2 };
+
+template <typename T, int MT, int RT, int SUB, int Mode, int kProducts = kStagedOne>
 __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args args) {
   using Lane = TcLane<Mode>;
+  constexpr bool kGrouped = kProducts == kStagedGrouped;
   extern __shared__ __align__(16) uint8_t ring[];
-  W4A16Args view;  // this block's product when batched (unused otherwise)
+  W4A16Args view;  // this block's product when batched or grouped (unused otherwise)
   bool live = true;
-  if constexpr (kBatched) view = batch_view(args, live);
-  const W4A16Args& a = kBatched ? view : args;
+  if constexpr (kProducts == kStagedBatched) view = batch_view(args, live);
+  if constexpr (kGrouped) view = group_view(args, live);
+  const W4A16Args& a = kProducts != kStagedOne ? view : args;
   if (!live) {  // uniform per block, before any barrier
-    batch_fill_nan(a);
+    if constexpr (kProducts == kStagedBatched) batch_fill_nan(a);
     return;
   }
   constexpr int kRows = kMmaRows * RT;               // weight rows of the warp
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   const int g = lane >> 2;
   const int t = lane & 3;
   const int64_t M = a.p.m, N = a.p.n, K = a.p.k;
-  const int64_t m_base = int64_t(blockIdx.x) * (kMmaCols * MT);
+  const int64_t m_base = kGrouped ? 0 : int64_t(blockIdx.x) * (kMmaCols * MT);  // grouped: x rows mapped
   const int64_t n_base = int64_t(blockIdx.y) * kRows;
 
   int64_t s_begin, s_end;
@@ -122,6 +127,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   for (int j = 0; j < MT; ++j) {
     int64_t m = m_base + j * kMmaCols + g;
     m = m < M ? m : M - 1;
+    if constexpr (kGrouped) m = a.x_rows[m];
     xsrc[j] = static_cast<const T*>(a.x) + m * K + s_begin * SUB * kStepK + Lane::k0(t);
   }
 
@@ -229,7 +235,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring: reuse it for the reduction
   static_assert(MT * RT * 4 * 32 * sizeof(float) <= kStages * kSlot, "reduction must fit in the ring");
-  tc_reduce_store<MT, RT>(a, acc, reinterpret_cast<float*>(ring), m_base, n_base, tc_acc_scale(Mode));
+  tc_reduce_store<MT, RT, kGrouped>(a, acc, reinterpret_cast<float*>(ring), m_base, n_base, tc_acc_scale(Mode));
 }
 
 }  // namespace

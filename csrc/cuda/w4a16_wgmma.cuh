@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   const int64_t st_begin = args.k_stages * split / splits;
   const int nst = static_cast<int>(args.k_stages * (split + 1) / splits - st_begin);
   uint16_t group_mask = 0;  // the ranks sharing this block's x tile and K range
-  for (unsigned g = 0; g < mcast; ++g) group_mask |= uint16_t(1u << (g * splits + split));
+  for (unsigned peer = 0; peer < mcast; ++peer) group_mask |= uint16_t(1u << (peer * splits + split));
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
       if (mcast == 1) {
         mbar_arrive(bar);
       } else {
-        for (unsigned g = 0; g < mcast; ++g) mbar_arrive_cluster(bar, g * splits + split);
+        for (unsigned peer = 0; peer < mcast; ++peer) mbar_arrive_cluster(bar, peer * splits + split);
       }
     }
     __syncwarp();

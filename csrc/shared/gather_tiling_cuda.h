@@ -43,10 +43,26 @@ FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows) {
   return (rows + kTcTileRows - 1) / kTcTileRows + (experts < rows ? experts : rows);
 }
 
-// int32 words of the plan workspace: cursor[E], start[E + 1], active[E], num_active, order[P],
-// num_tiles, tiles[max_tiles] x (expert, first row).
+// The plan workspace (int32 words): cursor[E] at 0, start[E + 1], active[E], num_active,
+// order[P], num_tiles, tiles[max_tiles] x (expert, first row), x_rows[rows], out_rows[rows].
+struct PlanLayout {
+  int64_t start, active, num_active, order, num_tiles, tiles, x_rows, out_rows, words;
+};
+FP4_FN PlanLayout plan_layout(int64_t experts, int64_t pairs, int64_t rows) {
+  PlanLayout l{};
+  l.start = experts;
+  l.active = l.start + experts + 1;
+  l.num_active = l.active + experts;
+  l.order = l.num_active + 1;
+  l.num_tiles = l.order + pairs;
+  l.tiles = l.num_tiles + 1;
+  l.x_rows = l.tiles + 2 * max_tc_tiles(experts, rows);
+  l.out_rows = l.x_rows + rows;
+  l.words = l.out_rows + rows;
+  return l;
+}
 FP4_FN int64_t plan_workspace_words(int64_t experts, int64_t pairs, int64_t rows) {
-  return 3 * experts + 2 + pairs + 1 + 2 * max_tc_tiles(experts, rows);
+  return plan_layout(experts, pairs, rows).words;
 }
 
 }  // namespace cuda_gather_tiling

@@ -52,8 +52,8 @@ def gather_w4a16_matmul(x: mlx.core.array, w: mlx.core.array, scales: mlx.core.a
         scales: uint8 ``[..., N, ceil(K/16)]`` (E4M3 bits), the batch dims of ``w``.
         lhs_indices, rhs_indices: integer arrays that broadcast together to ``B``; flat indices into
            the batch dims of ``x`` and of ``w`` (default: every matrix in order). Out-of-range
-           indices raise a ValueError (checked before the call when the indices are computed,
-           otherwise when the kernel runs, before it reads any weight).
+           indices raise a ValueError when they are computed at the call; lazy ones (known only
+           when the op runs) give NaN rows for their pairs on every backend, read through nothing.
         global_scale: MLX's nvfp4 tensor scale (the amax; the multiplier is ``global_scale / 2688``),
            a float32 scalar or one value per expert (shape ``w.shape[:-2]``).
         epilogue: the chain of ``w4a16_matmul``; operands broadcast to the output.
