@@ -51,10 +51,9 @@ bool gather_decode_ok(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
 
-// The plan's tiles as grouped dense products for the staged tensor-core kernel
-// (W4A16Args::group_*, tc_grouped_launch), in the plan's workspace (a.workspace, plan_layout).
-inline W4A16Args grouped_args(const GatherArgs& a) {
-  using namespace fp4::cuda_gather_tiling;
+// The dense kernels' arguments of every expert at once: x, stacked w/scales and their per-expert
+// strides, multiplier, operands, out (the batched and grouped views below pick the products).
+inline W4A16Args expert_args(const GatherArgs& a) {
   W4A16Args b{};
   b.x = a.x;
   b.w = a.w;
@@ -66,6 +65,14 @@ inline W4A16Args grouped_args(const GatherArgs& a) {
   b.w_batch_bytes = a.g.w_expert_bytes;
   b.scale_batch_bytes = a.g.scale_expert_bytes;
   b.multiplier_per_expert = a.g.multiplier_per_expert;
+  return b;
+}
+
+// The plan's tiles as grouped dense products for the staged tensor-core kernel
+// (W4A16Args::group_*, tc_grouped_launch), in the plan's workspace (a.workspace, plan_layout).
+inline W4A16Args grouped_args(const GatherArgs& a) {
+  using namespace fp4::cuda_gather_tiling;
+  W4A16Args b = expert_args(a);
   const PlanLayout l = plan_layout(a.g.experts, a.g.pairs, fp4::gather_out_rows(a.g));
   b.group_start = a.workspace + l.start;
   b.group_num_tiles = a.workspace + l.num_tiles;
@@ -78,21 +85,11 @@ inline W4A16Args grouped_args(const GatherArgs& a) {
 // The pair GEMV as a batch of dense products for the staged tensor-core kernel
 // (W4A16Args::batch_*, tc_batched_launch): one product per pair, grid z.
 inline W4A16Args batched_args(const GatherArgs& a) {
-  W4A16Args b{};
-  b.x = a.x;
-  b.w = a.w;
-  b.scales = a.scales;
-  b.global_scale = a.multiplier;
-  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
-  b.out = a.out;
-  b.p = a.g.mm;
+  W4A16Args b = expert_args(a);
   b.batch_lhs = a.lhs;
   b.batch_rhs = a.rhs;
   b.batch_x_matrices = a.g.x_batches;
   b.batch_experts = a.g.experts;
-  b.w_batch_bytes = a.g.w_expert_bytes;
-  b.scale_batch_bytes = a.g.scale_expert_bytes;
-  b.multiplier_per_expert = a.g.multiplier_per_expert;
   return b;
 }
 
