@@ -8,6 +8,10 @@
    mx.quantized_matmul(mode="nvfp4") on the same bytes, as ratios measured in the same run.
 4. The end-to-end decode benchmark (python -m mlx_fp4.bench decode, 8 layers; needs mlx-lm;
    --no-decode skips it), its JSON next to this report.
+5. The MoE benchmark (python -m mlx_fp4.bench moe: Qwen3-30B-A3B MoE MLP at 1 and 16 tokens and a
+   512-token sorted prefill, against mx.gather_qmm(mode="nvfp4") and bf16 mx.gather_mm; --no-moe
+   skips it): the Metal gathered kernel has no grouping by expert (every pair streams its expert),
+   so its prefill against MLX's grouped kernel is measured on a Mac only.
 
 Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
 saying so and what would run instead, and exits 0: the report is the result either way.
@@ -29,6 +33,7 @@ CONFIGS = ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16", "gemm64", "gemm64s", "g
 GEMV_MAX_M = 16  # the GEMV configurations take up to 16 rows (csrc/shared/tiling_metal.h)
 CHECK_SHAPES = [(1, 70, 37), (3, 64, 256), (8, 130, 200), (16, 96, 512), (70, 65, 37), (150, 128, 256)]
 GRID_M = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
+MOE_TOKENS = ["1", "16", "512"]  # decode, the plan path, a sorted prefill
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 # Relative error bound of a GPU result against the CPU one (fp32 output): accumulation order
 # only, first order K * 2^-24 of sum |x w|, times a safety factor of 4.
@@ -180,9 +185,10 @@ def markdown(doc):
         out.append(f"| {r['n']}x{r['k']} | {r['m']} | {fmt(r['mlx_fp4_us'], 1)} | "
                    f"{fmt(r['mlx_nvfp4_us'], 1)} | {fmt(r['speedup_vs_mlx'], 2)} | "
                    f"{fmt(r['weight_gbps'], 0)} |\n")
-    if "decode" in doc:
-        out.append(f"\nDecode benchmark: exit code {doc['decode']['exit_code']}, results in "
-                   f"`{doc['decode']['files']}`\n")
+    for name in ("decode", "moe"):
+        if name in doc:
+            out.append(f"\n{name.capitalize()} benchmark: exit code {doc[name]['exit_code']}, results in "
+                       f"`{doc[name]['files']}`\n")
     out.append("\nPlease attach metal_report.json to an issue: it is how the cost model "
                "(docs/metal.md) gets checked against real Apple GPUs.\n")
     return "".join(out)
@@ -193,6 +199,7 @@ def parse_args(argv):
     p.add_argument("--out", default="bench-out")
     p.add_argument("--quick", action="store_true", help="4096x4096 only, fewer repeats")
     p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark (needs mlx-lm)")
+    p.add_argument("--no-moe", action="store_true", help="skip the MoE benchmark")
     return p.parse_args(argv)
 
 
@@ -219,6 +226,11 @@ def main(argv=None) -> int:
 
             code = decode.main(["--out", args.out, "--layers", "8", "--no-plot"])
             doc["decode"] = {"exit_code": code, "files": os.path.join(args.out, "decode_*_gpu.*")}
+        if not args.no_moe:
+            from . import moe
+
+            code = moe.main(["--device", "gpu", "--tokens", *MOE_TOKENS, "--budget", "3", "--out", args.out])
+            doc["moe"] = {"exit_code": code, "files": os.path.join(args.out, "moe_gpu.*")}
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, "metal_report")
     with open(base + ".json", "w") as f:
