@@ -31,15 +31,23 @@ struct GatherMetalLaunch {
   int binding[kMetalGatherNumBuffers] = {};  // input index, kMetalBindOutput or kMetalBindParams
 };
 
-inline std::string gather_metal_kernel_name(int x_dtype, int out_dtype) {
-  return std::string("mlx_fp4_gather_gemv_x") + metal_dtype_tag(x_dtype) + "_o" + metal_dtype_tag(out_dtype);
+// `run`: pairs per threadgroup row, 1 or kMetalGatherRun (gather_metal_run).
+inline std::string gather_metal_kernel_name(int x_dtype, int out_dtype, int run = 1) {
+  return std::string("mlx_fp4_gather_gemv_x") + metal_dtype_tag(x_dtype) + "_o" + metal_dtype_tag(out_dtype) +
+         (run > 1 ? "_run" + std::to_string(run) : "");
 }
 
-inline std::string gather_metal_instantiation(int x_dtype, int out_dtype) {
+inline std::string gather_metal_instantiation(int x_dtype, int out_dtype, int run = 1) {
   const std::string fn = std::string("gather_w4a16_gemv<") + metal_type_name(x_dtype) + ", " +
-      metal_type_name(out_dtype) + ">";
-  return "template [[host_name(\"" + gather_metal_kernel_name(x_dtype, out_dtype) + "\")]] [[kernel]] decltype(" +
+      metal_type_name(out_dtype) + ", " + std::to_string(run) + ">";
+  return "template [[host_name(\"" + gather_metal_kernel_name(x_dtype, out_dtype, run) + "\")]] [[kernel]] decltype(" +
       fn + ") " + fn + ";\n";
+}
+
+// Pairs per threadgroup row: kMetalGatherRun for sorted prefill with one row per pair
+// (tiling_metal.h), else 1.
+inline int gather_metal_run(const GatherW4A16Problem& g) {
+  return g.sorted_rhs && g.mm.m == 1 && g.pairs >= kMetalGatherRunMinPairs ? kMetalGatherRun : 1;
 }
 
 // Everything eval_gpu needs. Requires pairs * m >= 1 and n >= 1 (the caller skips empty outputs).
@@ -64,8 +72,12 @@ inline GatherMetalLaunch gather_metal_plan(const GatherW4A16Problem& g, const Me
   l.params.w_expert_bytes = int(g.w_expert_bytes);
   l.params.scale_expert_bytes = int(g.scale_expert_bytes);
   l.aligned = dense.constants[0].value;  // same loads as the GEMV: x and expert rows aligned alike
-  l.grid_x = uint32_t(dense.params.tiles_n);
-  l.grid_y = uint32_t(g.pairs);
+  // Weight-row tiles of the simdgroups' metal_gemv_rows(run) rows; pair runs.
+  const int run = gather_metal_run(g);
+  const int64_t cols = int64_t(kMetalGemvSimdgroups) * metal_gemv_rows(run);
+  l.params.mm.tiles_n = int((p.n + cols - 1) / cols);
+  l.grid_x = uint32_t(l.params.mm.tiles_n);
+  l.grid_y = uint32_t((g.pairs + run - 1) / run);
   l.threads = uint32_t(kMetalGemvThreads);
   for (int s = 0; s < kMetalNumBuffers; ++s) l.binding[s] = dense.binding[s];
   // The dense binding counts optional inputs from its own first optional slot; shift them.
@@ -75,10 +87,10 @@ inline GatherMetalLaunch gather_metal_plan(const GatherW4A16Problem& g, const Me
   }
   l.binding[kMetalGatherBufLhs] = kMetalGatherInputLhs;
   l.binding[kMetalGatherBufRhs] = kMetalGatherInputRhs;
-  l.kernel_name = gather_metal_kernel_name(p.x_dtype, p.out_dtype);
+  l.kernel_name = gather_metal_kernel_name(p.x_dtype, p.out_dtype, run);
   l.library_name = l.kernel_name;
   l.pipeline_name = l.kernel_name + (l.aligned ? "_fc0t" : "_fc0f");
-  l.instantiation = gather_metal_instantiation(p.x_dtype, p.out_dtype);
+  l.instantiation = gather_metal_instantiation(p.x_dtype, p.out_dtype, run);
   return l;
 }
 

@@ -43,6 +43,13 @@ FP4_CONST int kMetalGemvRowsWide = 2;
 FP4_FN constexpr int metal_gemv_rows(int mt) {
   return mt <= 4 ? kMetalGemvRows : kMetalGemvRowsWide;
 }
+// Gathered (MoE) GEMV: with the sorted hint, one row per pair and at least kMetalGatherRunMinPairs
+// pairs (mlx-lm sorts from 64 pairs: prefill), a threadgroup takes kMetalGatherRun consecutive
+// pairs; when they are one expert's and their x matrices consecutive (mlx-lm's sorted layout),
+// one GEMV pass of kMetalGatherRun rows reads the expert's weight rows once for all of them.
+// Fewer pairs (decode) keep one pair per threadgroup, so that the grid stays wide.
+FP4_CONST int kMetalGatherRun = 8;
+FP4_CONST int kMetalGatherRunMinPairs = 64;
 // Rows of x per GEMV threadgroup for M rows: 1, 2, 4, 8 or 16 (one threadgroup row up to
 // M = 16: each weight block is decoded once per threadgroup row).
 FP4_FN constexpr int metal_gemv_mt(int m) {

@@ -43,10 +43,13 @@ def gather_sim(embedded_msl):
     return plan, runner
 
 
-def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=(), mode=0):
+def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=(), mode=0,
+               sorted_hint=False, launch=None):
     """x [B, M, K] numpy (representable in x_dtype), w_bytes uint8 [E, N, row], scales uint8
     [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 multipliers; epilogue:
-    (name, operand array shaped for [P, M, N] or float, p1). Returns out [P, M, N] float64."""
+    (name, operand array shaped for [P, M, N] or float, p1); sorted_hint: the op's sorted_indices
+    (gather_metal_run); launch: a dict that receives the plan's launch lines. Returns out
+    [P, M, N] float64."""
     plan, runner = sim
     d.mkdir(parents=True, exist_ok=True)
     b, m, k = x.shape
@@ -61,7 +64,7 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
     spec = [f"pairs {pairs}", f"x_batches {b}", f"experts {e}", f"m {m}", f"n {n}", f"k {k}",
             f"w_row_bytes {row}", f"scale_row_bytes {scales.shape[2]}", f"x_dtype {x_dtype}",
             f"out_dtype {out_dtype}", f"has_gs {int(gs is not None)}",
-            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}", f"mode {mode}"]
+            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}", f"mode {mode}", f"sorted {int(sorted_hint)}"]
     if gs is not None:
         files.append(d / "gs.bin")
         np.asarray(gs, np.float32).reshape(-1).tofile(files[-1])
@@ -78,7 +81,8 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
             spec.append(f"op {CODES[name]} -1 {0.0 if arg is None else float(arg)} {p1 or 0.0}")
     (d / "spec.txt").write_text("\n".join(spec) + "\n")
     r = subprocess.run([str(plan), "plan", str(d / "spec.txt"), str(d)], check=True, capture_output=True, text=True)
-    launch = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    launch = {} if launch is None else launch
+    launch.update(dict(line.split(" ", 1) for line in r.stdout.strip().splitlines()))
     binding = [int(v) for v in launch["binding"].split()]
     out_bytes = pairs * m * n * np.dtype(NP_DTYPE[out_dtype]).itemsize
     ex = [f"kernel {launch['kernel']}", f"grid {launch['grid']} 1", f"threads {launch['threads']} 1 1",
@@ -149,6 +153,50 @@ def test_out_of_range_pairs_are_nan_and_not_read(gather_sim, tmp_path):
     acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs[[0, 3]], rhs[[0, 3]])
     y, bound = error_bound(acc, mag, 32, TOLERANCES[(mx.float32, mx.float32)])
     assert_close(out[[0, 3]], y, bound, what="in-range pairs")
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4"])
+def test_sorted_prefill_runs(gather_sim, tmp_path, mode):
+    """mlx-lm's sorted prefill (x [P, 1, K], rhs sorted, lhs the default) from 64 pairs: threadgroups
+    of 8 pairs, one GEMV pass of 8 rows where the 8 are one expert's with consecutive x matrices;
+    the fallback (pair by pair) where a run crosses experts, where its lhs are not consecutive,
+    where a pair is out of range (NaN rows) and for the last, partial run."""
+    g = rng("metal-gather-runs", mode)
+    e, n, k, pairs = 4, 40, 96, 75
+    w_bytes, scales = experts(g, e, n, k, mode=mode)
+    x = g.standard_normal((pairs, 1, k)).astype(np.float32)
+    x = np.array(mx.array(x).astype(mx.bfloat16).astype(mx.float32))
+    rhs = np.sort(g.integers(0, e, size=pairs)).astype(np.uint32)
+    rhs[:16] = 0  # runs 0 and 1 uniform
+    rhs[-3:] = 9  # out of range, in the last (partial) run
+    lhs = np.arange(pairs, dtype=np.uint32)
+    lhs[[9, 10]] = lhs[[10, 9]]  # run 1: one expert, x matrices not consecutive
+    nvfp4 = mode == "nvfp4"
+    amax = g.uniform(10, 500, e).astype(np.float32) if nvfp4 else None
+    mult = None if amax is None else np.asarray(amax / np.float32(2688.0), np.float32)
+    gate = g.standard_normal((pairs, 1, n)).astype(np.float16)
+    chain = [("silu", None, None), ("mul", gate, None)]
+    launch = {}
+    out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=BF16,
+                     out_dtype=F32, gs=mult, epilogue=chain, mode=0 if nvfp4 else 1, sorted_hint=True, launch=launch)
+    assert launch["kernel"].endswith("_run8") and launch["grid"].split()[1] == str((pairs + 7) // 8)
+    assert np.isnan(out[-3:]).all()
+    ok = slice(0, pairs - 3)
+    acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs[ok], rhs[ok],
+                                                 None if amax is None else mx.array(amax), mode=mode)
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(mx.bfloat16, mx.float32)],
+                           ["silu", ("mul", gate[ok].astype(np.float64))], amax)
+    assert_close(out[ok], y, bound, what=f"metal gather sorted runs {mode}")
+
+
+def test_sorted_hint_below_the_run_threshold_keeps_one_pair_per_threadgroup(gather_sim, tmp_path):
+    g = rng("metal-gather-few")
+    w_bytes, scales = experts(g, 2, 16, 32)
+    x = g.standard_normal((8, 1, 32)).astype(np.float32)
+    launch = {}
+    run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=np.arange(8, dtype=np.uint32),
+               rhs=np.zeros(8, np.uint32), x_dtype=F32, out_dtype=F32, sorted_hint=True, launch=launch)
+    assert not launch["kernel"].endswith("_run8") and launch["grid"].split()[1] == "8"
 
 
 MX_CASES = [  # (x dtype, out dtype, E, N, K, M, pairs, sorted, lhs given)

@@ -10,8 +10,9 @@
    --no-decode skips it), its JSON next to this report.
 5. The MoE benchmark (python -m mlx_fp4.bench moe: Qwen3-30B-A3B MoE MLP at 1 and 16 tokens and a
    512-token sorted prefill, against mx.gather_qmm(mode="nvfp4") and bf16 mx.gather_mm; --no-moe
-   skips it): the Metal gathered kernel has no grouping by expert (every pair streams its expert),
-   so its prefill against MLX's grouped kernel is measured on a Mac only.
+   skips it): the Metal gathered kernel has no plan by expert (at sorted prefill, runs of 8 pairs
+   of one expert share one pass), so its prefill against MLX's grouped kernel is measured on a Mac
+   only.
 
 Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
 saying so and what would run instead, and exits 0: the report is the result either way.

@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "instantiations") {
     for (int x : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16})
-      for (int o : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16}) std::cout << fp4::gather_metal_instantiation(x, o);
+      for (int o : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16})
+        for (int run : {1, fp4::kMetalGatherRun}) std::cout << fp4::gather_metal_instantiation(x, o, run);
     return 0;
   }
   if (cmd != "plan" || argc != 4) {
@@ -25,12 +26,12 @@ int main(int argc, char** argv) {
   fp4::GatherW4A16Problem g{};
   fp4::W4A16Problem& p = g.mm;
   // Scalar keys and where they go (ints of several widths: read as int64, then stored).
-  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0;
+  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0, sorted = 0;
   const std::map<std::string, int64_t*> fields = {
       {"pairs", &g.pairs}, {"x_batches", &g.x_batches}, {"experts", &g.experts}, {"m", &p.m}, {"n", &p.n},
       {"k", &p.k}, {"w_row_bytes", &p.w_row_bytes}, {"scale_row_bytes", &p.scale_row_bytes},
       {"per_expert", &multiplier_per_expert}, {"x_dtype", &x_dtype}, {"out_dtype", &out_dtype},
-      {"has_gs", &has_gs}, {"mode", &mode}};
+      {"has_gs", &has_gs}, {"mode", &mode}, {"sorted", &sorted}};
   std::string key;
   while (spec >> key) {
     if (auto it = fields.find(key); it != fields.end()) {
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
     }
   }
   g.multiplier_per_expert = int(multiplier_per_expert);
+  g.sorted_rhs = int(sorted);
   p.x_dtype = int(x_dtype);
   p.out_dtype = int(out_dtype);
   p.has_global_scale = int(has_gs);
