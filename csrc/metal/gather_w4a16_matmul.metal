@@ -3,8 +3,8 @@
 // MXFP4 scales (kMetalFlagMxfp4, set by the dense plan from the problem's mode).
 // One threadgroup per (weight-row tile, pair): the dense GEMV's block loop (w4a16_gemv.metal,
 // same decode and reduction order) on the pair's expert and x matrix, one row of x at a time;
-// for sorted prefill a threadgroup per kMetalGatherRun pairs, one pass of that many rows when
-// they are a run of one expert (tiling_metal.h).
+// for sorted prefill a threadgroup per kMetalGatherRun pairs, one pass per run of one expert in
+// them (tiling_metal.h).
 // Out-of-range indices: the pair's outputs are NaN and nothing is read through them.
 // Registers only, no threadgroup memory or barrier. The file must stay ASCII.
 #include "gather_kernel_abi.h"
@@ -59,9 +59,49 @@ inline void gather_pair(
   }
 }
 
-// RUN pairs per threadgroup row (tg.y): RUN == 1 one pair; RUN > 1 (kMetalGatherRun) a run of
-// one expert with consecutive x matrices of one row each is one GEMV pass of RUN rows, anything
-// else falls back to the pairs one by one (the checks read only indices, uniformly).
+// Pairs pair0 .. pair0 + rows - 1 of expert e with consecutive one-row x matrices from l (rows <=
+// RUN): one GEMV pass of `rows` rows of x over the expert's weight rows.
+template <typename XT, typename OutT, int RUN, int R>
+inline void gather_run(
+    device const XT* x, device const uchar* w, device const uchar* scales, device OutT* out,
+    constant GatherMetalParams& g, device const float* gscale, device const uchar* op0,
+    device const uchar* op1, device const uchar* op2, device const uchar* op3, int pair0, int rows, uint l,
+    uint e, int n0, int lane) {
+  constant W4A16MetalParams& p = g.mm;
+  GemvRows<R> wrows;
+  for (int r = 0; r < R; ++r) {
+    const long wrow = min(n0 + r, p.n - 1);  // rows past N clamped: read, never stored
+    wrows.w[r] = w + long(e) * g.w_expert_bytes + wrow * p.w_row_bytes;
+    wrows.s[r] = scales + long(e) * g.scale_expert_bytes + wrow * p.scale_row_bytes;
+  }
+  GemvAcc<RUN, R> acc;
+  for (int mi = 0; mi < RUN; ++mi) {
+    for (int r = 0; r < R; ++r) {
+      acc.v[mi][r] = 0.0f;
+    }
+  }
+  device const XT* xr = x + long(l) * p.k;  // p.m == 1: x matrix l + i is row i from here
+  if ((p.flags & kMetalFlagMxfp4) != 0) {
+    gemv_accumulate<XT, RUN, R, true>(acc, xr, wrows, p, 0, rows, lane);
+  } else {
+    gemv_accumulate<XT, RUN, R, false>(acc, xr, wrows, p, 0, rows, lane);
+  }
+  device const float* mult = gscale + (g.multiplier_per_expert != 0 ? e : 0u);
+  for (int mi = 0; mi < RUN; ++mi) {
+    for (int r = 0; r < R; ++r) {
+      const float v = simd_sum(acc.v[mi][r]);
+      if (lane == 0 && mi < rows && n0 + r < p.n) {
+        const int row = pair0 + mi;  // one row per pair: the pair's output row
+        out[long(row) * p.n + n0 + r] = OutT(finish_value(v, row, n0 + r, p, mult, op0, op1, op2, op3));
+      }
+    }
+  }
+}
+
+// RUN pairs per threadgroup row (tg.y): RUN == 1 one pair; RUN > 1 (kMetalGatherRun, one row
+// per pair) split into runs of one in-range expert with consecutive x matrices, each one GEMV
+// pass (gather_run); out-of-range pairs alone (NaN rows). The splits read only indices and are
+// the same for every lane (uniform branches).
 template <typename XT, typename OutT, int RUN>
 [[max_total_threads_per_threadgroup(kMetalGemvThreads)]] [[kernel]] void gather_w4a16_gemv(
     device const XT* x [[buffer(kMetalBufX)]],
@@ -87,45 +127,20 @@ template <typename XT, typename OutT, int RUN>
   if (n0 >= p.n) {
     return;  // the whole simdgroup leaves; no barrier follows
   }
-  const uint l0 = lhs[first];
-  const uint e0 = rhs[first];
-  bool run = RUN > 1 && count == RUN && p.m == 1 && l0 < uint(g.x_batches) && e0 < uint(g.experts);
-  for (int i = 1; run && i < RUN; ++i) {
-    run = rhs[first + i] == e0 && lhs[first + i] == l0 + uint(i);
-  }
-  if (!run) {
-    for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < count;) {
+    const uint l = lhs[first + i];
+    const uint e = rhs[first + i];
+    if (RUN == 1 || p.m != 1 || l >= uint(g.x_batches) || e >= uint(g.experts)) {
       gather_pair<XT, OutT, R>(x, w, scales, out, g, gscale, op0, op1, op2, op3, lhs, rhs, first + i, n0, int(lane));
+      ++i;
+      continue;
     }
-    return;
-  }
-  GemvRows<R> rows;
-  for (int r = 0; r < R; ++r) {
-    const long wrow = min(n0 + r, p.n - 1);
-    rows.w[r] = w + long(e0) * g.w_expert_bytes + wrow * p.w_row_bytes;
-    rows.s[r] = scales + long(e0) * g.scale_expert_bytes + wrow * p.scale_row_bytes;
-  }
-  GemvAcc<RUN, R> acc;
-  for (int mi = 0; mi < RUN; ++mi) {
-    for (int r = 0; r < R; ++r) {
-      acc.v[mi][r] = 0.0f;
+    int j = i + 1;
+    while (j < count && rhs[first + j] == e && lhs[first + j] == l + uint(j - i)) {
+      ++j;
     }
-  }
-  // The run's x matrices are consecutive rows from x matrix l0 (p.m == 1).
-  device const XT* xr = x + long(l0) * p.k;
-  if ((p.flags & kMetalFlagMxfp4) != 0) {
-    gemv_accumulate<XT, RUN, R, true>(acc, xr, rows, p, 0, RUN, int(lane));
-  } else {
-    gemv_accumulate<XT, RUN, R, false>(acc, xr, rows, p, 0, RUN, int(lane));
-  }
-  device const float* mult = gscale + (g.multiplier_per_expert != 0 ? e0 : 0u);
-  for (int mi = 0; mi < RUN; ++mi) {
-    for (int r = 0; r < R; ++r) {
-      const float v = simd_sum(acc.v[mi][r]);
-      if (lane == 0 && n0 + r < p.n) {
-        const int row = first + mi;  // one row per pair: the pair's output row
-        out[long(row) * p.n + n0 + r] = OutT(finish_value(v, row, n0 + r, p, mult, op0, op1, op2, op3));
-      }
-    }
+    gather_run<XT, OutT, RUN, R>(x, w, scales, out, g, gscale, op0, op1, op2, op3, first + i, j - i, l, e, n0,
+                                 int(lane));
+    i = j;
   }
 }

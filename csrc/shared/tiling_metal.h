@@ -45,8 +45,8 @@ FP4_FN constexpr int metal_gemv_rows(int mt) {
 }
 // Gathered (MoE) GEMV: with the sorted hint, one row per pair and at least kMetalGatherRunMinPairs
 // pairs (mlx-lm sorts from 64 pairs: prefill), a threadgroup takes kMetalGatherRun consecutive
-// pairs; when they are one expert's and their x matrices consecutive (mlx-lm's sorted layout),
-// one GEMV pass of kMetalGatherRun rows reads the expert's weight rows once for all of them.
+// pairs; each run among them of one expert with consecutive x matrices (mlx-lm's sorted layout)
+// is one GEMV pass of its rows, which reads the expert's weight rows once for the run.
 // Fewer pairs (decode) keep one pair per threadgroup, so that the grid stays wide.
 FP4_CONST int kMetalGatherRun = 8;
 FP4_CONST int kMetalGatherRunMinPairs = 64;

@@ -158,9 +158,9 @@ def test_out_of_range_pairs_are_nan_and_not_read(gather_sim, tmp_path):
 @pytest.mark.parametrize("mode", ["nvfp4", "mxfp4"])
 def test_sorted_prefill_runs(gather_sim, tmp_path, mode):
     """mlx-lm's sorted prefill (x [P, 1, K], rhs sorted, lhs the default) from 64 pairs: threadgroups
-    of 8 pairs, one GEMV pass of 8 rows where the 8 are one expert's with consecutive x matrices;
-    the fallback (pair by pair) where a run crosses experts, where its lhs are not consecutive,
-    where a pair is out of range (NaN rows) and for the last, partial run."""
+    of 8 pairs, one GEMV pass per run of one expert with consecutive x matrices in them (8 rows,
+    or fewer where experts change, where lhs are not consecutive, in the last partial group);
+    out-of-range pairs alone (NaN rows)."""
     g = rng("metal-gather-runs", mode)
     e, n, k, pairs = 4, 40, 96, 75
     w_bytes, scales = experts(g, e, n, k, mode=mode)

@@ -10,8 +10,8 @@
    --no-decode skips it), its JSON next to this report.
 5. The MoE benchmark (python -m mlx_fp4.bench moe: Qwen3-30B-A3B MoE MLP at 1 and 16 tokens and a
    512-token sorted prefill, against mx.gather_qmm(mode="nvfp4") and bf16 mx.gather_mm; --no-moe
-   skips it): the Metal gathered kernel has no plan by expert (at sorted prefill, runs of 8 pairs
-   of one expert share one pass), so its prefill against MLX's grouped kernel is measured on a Mac
+   skips it): the Metal gathered kernel has no plan by expert (at sorted prefill, the pairs of one
+   expert within a group of 8 share one pass), so its prefill against MLX's grouped kernel is measured on a Mac
    only.
 
 Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
