@@ -230,3 +230,23 @@ def test_gather_kernel_mxfp4_matches_reference(gather_sim, tmp_path, xd, od, e, 
     y, bound = error_bound(acc, mag, k, TOLERANCES[(MX_DTYPE[xd], MX_DTYPE[od])], [("add", bias), "silu"])
     assert np.isnan(y[:2, :, 2]).all()
     assert_close(out, y, bound, what=f"metal gather mxfp4 case x={xd} out={od}")
+
+
+def test_sorted_runs_cost_less_than_one_pass_per_pair(tmp_path):
+    """The counted cost (gather_cost.py, as costmodel.py counts the dense kernels) of a sorted
+    prefill: the committed benchmarks/results/metal/gather_cost.json is what the kernels give today,
+    and the runs execute fewer instructions and load fewer device bytes than one pass per pair."""
+    import json
+    from pathlib import Path
+
+    import gather_cost
+
+    require_toolchain()
+    doc = gather_cost.compute(tmp_path)
+    committed = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "metal" /
+                            "gather_cost.json").read_text())
+    assert doc == committed, "rerun python tests/metal_sim/gather_cost.py after a kernel change"
+    runs, per_pair = doc["runs"], doc["per_pair"]
+    assert runs["kernel"].endswith("_run8") and not per_pair["kernel"].endswith("_run8")
+    assert runs["instructions_per_pair_weight"] < 0.6 * per_pair["instructions_per_pair_weight"]
+    assert runs["device_bytes_per_pair_weight"] < 0.8 * per_pair["device_bytes_per_pair_weight"]

@@ -1,0 +1,101 @@
+"""The gathered (MoE) Metal kernel's cost at a sorted prefill, counted as costmodel.py counts the
+dense kernels: executed instructions and device bytes of one dispatch, per pair and weight, with
+the sorted hint (runs of one expert within groups of kMetalGatherRun pairs, one GEMV pass each)
+and without it (one pass per pair). mlx-lm's layout: x [P, 1, K], rhs sorted, lhs the default;
+random top-k routing.
+
+Usage: python tests/metal_sim/gather_cost.py -> benchmarks/results/metal/gather_cost.json
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: common, gather_reference
+
+import costmodel as cm  # noqa: E402
+import simbuild  # noqa: E402
+from simcase import BF16  # noqa: E402
+
+# A prefill of Qwen3-30B-A3B's routing density scaled down: 16 experts, top-2, 256 tokens, so
+# that an expert gets 32 pairs as at 512 tokens with 128 experts and top-8.
+EXPERTS, TOP_K, TOKENS, N, K = 16, 2, 256, 64, 256
+
+
+def counting_runner():
+    plan = simbuild.SIM / "src" / "gather_plan.cpp"
+    exe = _plan_exe(plan)
+    lines = subprocess.run([str(exe), "instantiations"], check=True, capture_output=True, text=True).stdout
+    keep = [ln for ln in lines.splitlines() if "_xbf16_obf16" in ln]
+    source = simbuild.embedded_msl(Path(tempfile.mkdtemp(prefix="gather-embed")))
+    return exe, simbuild.build_source_runner("gather-count", source, keep, count=True)
+
+
+def _plan_exe(src):
+    cxx = simbuild.compiler()
+    obj = simbuild._object(cxx, src, simbuild.COMMON_FLAGS + [f"-I{simbuild.CSRC}"], "gather_plan")
+    exe = obj.with_suffix(".exe")
+    if not exe.exists():
+        simbuild._run([cxx, *simbuild.COMMON_FLAGS, str(obj), "-o", str(exe)])
+    return exe
+
+
+def sorted_prefill(seed=0, experts=EXPERTS, top_k=TOP_K, tokens=TOKENS, n=N, k=K):
+    """(x [P, 1, K], packed experts, scales, lhs, rhs) of a sorted prefill with random routing."""
+    from common import rng
+    from test_metal_sim_gather import experts as make_experts
+
+    g = rng("gather-cost", seed)
+    w_bytes, scales = make_experts(g, experts, n, k)
+    rhs = np.sort(np.concatenate([g.choice(experts, top_k, replace=False) for _ in range(tokens)])).astype(np.uint32)
+    pairs = len(rhs)
+    x = g.standard_normal((pairs, 1, k)).astype(np.float32)
+    return x, w_bytes, scales, np.arange(pairs, dtype=np.uint32), rhs
+
+
+def count(sim, work, problem, sorted_hint):
+    """Counted instructions and device bytes of one dispatch, per pair and weight of an expert."""
+    from test_metal_sim_gather import run_gather
+
+    x, w_bytes, scales, lhs, rhs = problem
+    counts = Path(work) / f"counts-{int(sorted_hint)}.txt"
+    os.environ["MSIM_COUNT_OUT"] = str(counts)  # the counting runner writes its counts there
+    launch = {}
+    try:
+        run_gather(sim, Path(work) / f"run-{int(sorted_hint)}", x=x, w_bytes=w_bytes, scales=scales, lhs=lhs,
+                   rhs=rhs, x_dtype=BF16, out_dtype=BF16, sorted_hint=sorted_hint, launch=launch)
+    finally:
+        del os.environ["MSIM_COUNT_OUT"]
+    cls, mem = cm.read_counts(sim[1], counts)
+    _, n, _ = w_bytes.shape
+    weights = len(rhs) * n * x.shape[-1]  # pairs x one expert's weights
+    s = cm.summarize(cls, mem, weights, int(launch["threads"]))
+    return {"kernel": launch["kernel"], "grid": launch["grid"], "pairs": len(rhs),
+            "instructions_per_pair_weight": s["instructions_per_weight"],
+            "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
+
+
+def compute(work=None):
+    sim = counting_runner()
+    work = Path(work or tempfile.mkdtemp(prefix="gather-cost"))
+    problem = sorted_prefill()
+    return {"problem": {"experts": EXPERTS, "top_k": TOP_K, "tokens": TOKENS, "n": N, "k": K,
+                        "x": "bf16", "out": "bf16", "mode": "nvfp4"},
+            "per_pair": count(sim, work, problem, False), "runs": count(sim, work, problem, True)}
+
+
+def main():
+    doc = compute()
+    out = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "metal" / "gather_cost.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
