@@ -130,7 +130,7 @@ struct Problem {
   void use(Kind k) {
     kernel = k;
     // The glue's rule (gather_w4a16_matmul.cpp tc_kind): the staged kernel where its loads apply.
-    const bool staged = k == Kind::kTcStaged && staged_loads_ok(g.mm, a.x, a.w, a.scales);
+    const bool staged = k == Kind::kTcStaged && g.mm.mode == fp4::kModeNvfp4 && staged_loads_ok(g.mm, a.x, a.w, a.scales);
     a.use_tc = staged ? kTcStaged : (k == Kind::kTc || k == Kind::kTcStaged) ? kTcRegister : kTcNone;
   }
 
