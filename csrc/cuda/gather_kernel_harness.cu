@@ -129,9 +129,8 @@ struct Problem {
 
   void use(Kind k) {
     kernel = k;
-    // The glue's rule (gather_w4a16_matmul.cpp tc_kind): the staged kernel where its loads apply.
-    const bool staged = k == Kind::kTcStaged && g.mm.mode == fp4::kModeNvfp4 && staged_loads_ok(g.mm, a.x, a.w, a.scales);
-    a.use_tc = staged ? kTcStaged : (k == Kind::kTc || k == Kind::kTcStaged) ? kTcRegister : kTcNone;
+    // The glue's rule (gather_tc_for); "tc" is the register-prefetch kernel forced.
+    a.use_tc = (k == Kind::kTc || k == Kind::kTcStaged) ? gather_tc_for(a, k == Kind::kTcStaged) : kTcNone;
   }
 
   // The batched dense kernel's launch for this problem (func null where it does not apply).

@@ -68,6 +68,18 @@ inline W4A16Args expert_args(const GatherArgs& a) {
   return b;
 }
 
+// The kernel of the plan's tensor-core tiles (GatherKernel::kTc, so bf16/fp16 x): the dense staged
+// kernel, grouped, where `staged` and its loads apply and the row maps fit int32, else the
+// register-prefetch kernel. NVFP4 only for now: the grouped MXFP4 instantiation has not run on a
+// GPU yet (its tests are in tests/test_mxfp4.py).
+inline GatherTc gather_tc_for(const GatherArgs& a, bool staged) {
+  constexpr int64_t kMaxRow = 0x7FFFFFFF;
+  const fp4::GatherW4A16Problem& g = a.g;
+  const bool fits = fp4::gather_out_rows(g) <= kMaxRow && g.x_batches * g.mm.m <= kMaxRow;
+  const bool nvfp4 = g.mm.mode == fp4::kModeNvfp4;
+  return staged && nvfp4 && fits && staged_loads_ok(g.mm, a.x, a.w, a.scales) ? kTcStaged : kTcRegister;
+}
+
 // The plan's tiles as grouped dense products for the staged tensor-core kernel
 // (W4A16Args::group_*, tc_grouped_launch), in the plan's workspace (a.workspace, plan_layout).
 inline W4A16Args grouped_args(const GatherArgs& a) {

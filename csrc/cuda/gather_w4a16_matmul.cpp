@@ -38,19 +38,12 @@ const std::string& pairs_forced() {
   return forced;
 }
 
-// The plan's tensor-core tiles run on the dense staged kernel (grouped, row maps in the plan) where
-// its loads apply and the row maps fit int32, else on the register-prefetch kernel;
-// MLX_FP4_CUDA_GATHER_STAGED=0 forces the latter (tests, A/B timing). NVFP4 only for now: the
-// grouped MXFP4 instantiation has not run on a GPU yet (its tests are in tests/test_mxfp4.py).
-cuda::GatherTc tc_kind(const fp4::GatherW4A16Problem& g, const cuda::GatherArgs& a) {
+// MLX_FP4_CUDA_GATHER_STAGED=0 keeps the plan's tiles on the register-prefetch kernel (tests, A/B
+// timing); otherwise gather_tc_for decides.
+bool gather_staged_allowed() {
   static const bool disabled = std::getenv("MLX_FP4_CUDA_GATHER_STAGED") &&
                                std::string(std::getenv("MLX_FP4_CUDA_GATHER_STAGED")) == "0";
-  constexpr int64_t kMaxRow = 0x7FFFFFFF;
-  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
-  const bool fits = fp4::gather_out_rows(g) <= kMaxRow && g.x_batches * g.mm.m <= kMaxRow;
-  const bool nvfp4 = g.mm.mode == fp4::kModeNvfp4;
-  return !disabled && half_x && nvfp4 && fits && cuda::staged_loads_ok(g.mm, a.x, a.w, a.scales) ? cuda::kTcStaged
-                                                                                                 : cuda::kTcRegister;
+  return !disabled;
 }
 
 }  // namespace
@@ -78,7 +71,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   a.out = mx::gpu_ptr<void>(out);
   const cuda::GatherKernel kernel = gather_kernel(g);
   a.g = g;
-  a.use_tc = kernel == cuda::GatherKernel::kTc ? tc_kind(g, a) : cuda::kTcNone;
+  a.use_tc = kernel == cuda::GatherKernel::kTc ? cuda::gather_tc_for(a, gather_staged_allowed()) : cuda::kTcNone;
   const bool vec = cuda::vector_loads_ok(g.mm, a.x, a.w);
 
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace

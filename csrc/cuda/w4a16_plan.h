@@ -90,6 +90,14 @@ inline bool parse_tc(const char* s, TcConfig& cfg) {
   return true;
 }
 
+// Warps per block splitting K in the staged kernel: doubled while the grid of `blocks` stays
+// within `warp_budget` warps and each warp keeps at least 4 steps of K per two-step stage.
+inline int staged_warps(int64_t blocks, int64_t nsteps, int64_t warp_budget) {
+  int kw = 1;
+  while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw * 2) kw *= 2;
+  return kw;
+}
+
 // Register-prefetch kernel: two weight-row tiles per warp (x fragments reused twice) when N still
 // gives every SM a block, and warps per block (kw) splitting K up to kTcWarpsPerSm warps per SM,
 // with at least 4 steps of K per warp.
@@ -110,13 +118,12 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   const int64_t nsteps = ceil_div(p.k, kStepK);
   const int warps_per_sm = one_row ? kStagedOneRowWarpsPerSm : staged_tile ? kStagedWarpsPerSm : kTcWarpsPerSm;
   const int64_t warp_budget = int64_t(dev.sm_count) * warps_per_sm;
-  int kw = 1;
   if (staged_tile) {
-    while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw * 2) kw *= 2;
+    c.kw = staged_warps(blocks, nsteps, warp_budget);
   } else {
-    while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw) kw *= 2;
+    c.kw = 1;
+    while (c.kw < kMaxWarpsPerBlock && blocks * c.kw * 2 <= warp_budget && nsteps >= 4 * c.kw) c.kw *= 2;
   }
-  c.kw = kw;
   return c;
 }
 // wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, else 64) and K split (1 or 2,
@@ -177,8 +184,7 @@ inline TcConfig grouped_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& 
   TcConfig c{kMaxStagedColTiles, 2, 1};
   const int64_t blocks = max_tiles * ceil_div(p.n, kMmaRows * c.rt);
   const int64_t nsteps = ceil_div(p.k, kStepK);
-  const int64_t warp_budget = int64_t(dev.sm_count) * kStagedWarpsPerSm;
-  while (c.kw < kMaxWarpsPerBlock && blocks * c.kw * 2 <= warp_budget && nsteps >= 4 * c.kw * 2) c.kw *= 2;
+  c.kw = plan_detail::staged_warps(blocks, nsteps, int64_t(dev.sm_count) * kStagedWarpsPerSm);
   return c;
 }
 

@@ -28,21 +28,11 @@ EXPERTS, TOP_K, TOKENS, N, K = 16, 2, 256, 64, 256
 
 
 def counting_runner():
-    plan = simbuild.SIM / "src" / "gather_plan.cpp"
-    exe = _plan_exe(plan)
+    exe = simbuild.host_tool("gather_plan")
     lines = subprocess.run([str(exe), "instantiations"], check=True, capture_output=True, text=True).stdout
     keep = [ln for ln in lines.splitlines() if "_xbf16_obf16" in ln]
     source = simbuild.embedded_msl(Path(tempfile.mkdtemp(prefix="gather-embed")))
     return exe, simbuild.build_source_runner("gather-count", source, keep, count=True)
-
-
-def _plan_exe(src):
-    cxx = simbuild.compiler()
-    obj = simbuild._object(cxx, src, simbuild.COMMON_FLAGS + [f"-I{simbuild.CSRC}"], "gather_plan")
-    exe = obj.with_suffix(".exe")
-    if not exe.exists():
-        simbuild._run([cxx, *simbuild.COMMON_FLAGS, str(obj), "-o", str(exe)])
-    return exe
 
 
 def sorted_prefill(seed=0, experts=EXPERTS, top_k=TOP_K, tokens=TOKENS, n=N, k=K):

@@ -154,16 +154,20 @@ def _object(cxx, src, flags, name):
     return obj
 
 
-def instantiation_lines(only=()):
+def host_tool(name):
+    """The cached executable of the host helper src/<name>.cpp (it includes csrc/ headers)."""
     cxx = compiler()
-    gen = _object(cxx, SIM / "src" / "gen_instantiations.cpp", COMMON_FLAGS + [f"-I{CSRC}"],
-                  "gen_instantiations")
-    exe = gen.with_suffix(".exe")
+    obj = _object(cxx, SIM / "src" / f"{name}.cpp", COMMON_FLAGS + [f"-I{CSRC}"], name)
+    exe = obj.with_suffix(".exe")
     if not exe.exists():
         tmp = exe.with_suffix(f".{_uid()}.tmp")
-        _run([cxx, *COMMON_FLAGS, str(gen), "-o", str(tmp)])
+        _run([cxx, *COMMON_FLAGS, str(obj), "-o", str(tmp)])
         tmp.replace(exe)
-    return _run([str(exe), *only]).splitlines()
+    return exe
+
+
+def instantiation_lines(only=()):
+    return _run([str(host_tool("gen_instantiations")), *only]).splitlines()
 
 
 def build_runner(name="runner", source=None, only=(), groups=None, extra_flags=(), extra_tu="",

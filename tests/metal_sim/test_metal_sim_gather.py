@@ -24,20 +24,10 @@ PARAMS_SLOT, OUT_SLOT = 4, 3
 BIND_OUTPUT, BIND_PARAMS = -1, -2
 
 
-def _exe(name):
-    cxx = simbuild.compiler()
-    obj = simbuild._object(cxx, simbuild.SIM / "src" / f"{name}.cpp", simbuild.COMMON_FLAGS + [f"-I{simbuild.CSRC}"],
-                           name)
-    exe = obj.with_suffix(".exe")
-    if not exe.exists():
-        simbuild._run([cxx, *simbuild.COMMON_FLAGS, str(obj), "-o", str(exe)])
-    return exe
-
-
 @pytest.fixture(scope="module")
 def gather_sim(embedded_msl):
     require_toolchain()
-    plan = _exe("gather_plan")
+    plan = simbuild.host_tool("gather_plan")
     lines = subprocess.run([str(plan), "instantiations"], check=True, capture_output=True, text=True).stdout
     runner = simbuild.build_source_runner("gather", embedded_msl, lines.splitlines(), groups=2)
     return plan, runner
