@@ -202,6 +202,41 @@ def test_lazy_bad_index_every_read_is_defined(device, first_read, m, bad_arg):
     check_gather(good, x, w, s, rhs=mx.array(rhs[:1]))
 
 
+def grouped_case(g, e, n, k, m, pairs, dtype, sort):
+    """A prefill-sized gathered product: experts, 4 x matrices of m rows, lhs into them, experts
+    per pair (numpy, sorted when `sort`), per-expert global scale, a bias per pair and a full gate."""
+    w, s = experts(e, n, k, g)
+    x = rand_x((4, m, k), dtype, g)
+    lhs = mx.array(g.integers(0, 4, size=pairs).astype(np.uint32))
+    r = g.integers(0, e, size=pairs)
+    gs = mx.array(g.uniform(1, 600, size=e).astype(np.float32))
+    bias = rand_x((pairs, 1, n), mx.float32, g)
+    gate = rand_x((pairs, m, n), dtype, g)
+    return w, s, x, lhs, np.sort(r) if sort else r, gs, bias, gate
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("m,sort,k", [(1, True, 256), (2, False, 768), (1, False, 512)])
+def test_grouped_prefill_wgmma_tiles(device, dtype, m, sort, k):
+    """At least 32 rows per expert on average and K % 256 == 0 (prefill): on an H200 the plan's
+    tiles of 64 rows run on the wgmma kernel over x gathered into the sorted order. N = 200: the
+    second weight tile's copies run into the next expert's rows (computed, never stored); groups
+    end inside tiles; per-expert global scale, a per-pair bias and a full gate in the chain; lhs
+    into several x matrices; a lazy out-of-range expert gives a NaN row and no read."""
+    e, n, pairs = 3, 200, 240
+    w, s, x, lhs, r, gs, bias, gate = grouped_case(rng("grouped-wgmma", m, sort, k, dtype), e, n, k, m, pairs, dtype,
+                                                   sort)
+    chain = [("add", bias), "silu", ("mul", gate)]
+    bad = r.copy()
+    bad[-1] = e  # lazy ("+ 0"): only the kernels see it
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=lhs, rhs_indices=mx.array(bad.astype(np.uint32)) + 0,
+                                     global_scale=gs, epilogue=chain, sorted_indices=sort)
+    assert out.shape == (pairs, m, n)
+    assert np.isnan(np.array(out[-1].astype(mx.float32))).all()
+    check_gather(out[:-1], x, w, s, lhs=lhs[:-1], rhs=mx.array(r[:-1].astype(np.uint32)), global_scale=gs,
+                 epilogue=[("add", bias[:-1]), "silu", ("mul", gate[:-1])])
+
+
 @pytest.mark.parametrize("sort", [False, True])
 def test_same_bytes_as_mx_gather_qmm(device, sort):
     """MLX's own quantizer output, on MLX's call patterns; MLX's kernels round differently (see
@@ -305,16 +340,10 @@ def test_grouped_prefill_tiles(device, dtype, m, sort, k):
     dense staged kernel through row maps (tiles of 32 rows, partial last tiles, two weight-row
     tiles over N = 72); per-expert global scale, a per-pair bias and a full gate in the chain
     (operands indexed by the mapped output row), lhs indices into several x matrices."""
-    g = rng("grouped-prefill", m, sort, k, dtype)
     e, n, pairs = 5, 72, 90
-    w, s = experts(e, n, k, g)
-    x = rand_x((4, m, k), dtype, g)
-    lhs = mx.array(g.integers(0, 4, size=pairs).astype(np.uint32))
-    r = g.integers(0, e, size=pairs)
-    rhs = mx.array((np.sort(r) if sort else r).astype(np.uint32))
-    gs = mx.array(g.uniform(1, 600, size=e).astype(np.float32))
-    bias = rand_x((pairs, 1, n), mx.float32, g)
-    gate = rand_x((pairs, m, n), dtype, g)
+    w, s, x, lhs, r, gs, bias, gate = grouped_case(rng("grouped-prefill", m, sort, k, dtype), e, n, k, m, pairs,
+                                                   dtype, sort)
+    rhs = mx.array(r.astype(np.uint32))
     chain = [("add", bias), "silu", ("mul", gate)]
     out = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=lhs, rhs_indices=rhs, global_scale=gs, epilogue=chain,
                                      sorted_indices=sort)

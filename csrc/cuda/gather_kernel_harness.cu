@@ -1,6 +1,7 @@
 // Standalone check and timing of the CUDA gathered (MoE) kernels, without MLX
 // (scripts/gpu_check.sh step moe builds it):
-//   check: the pair GEMV (SIMT, and batched dense tensor cores), plan + GEMV and plan + tensor cores against a double-precision host sum of the exact
+//   check: the pair GEMV (SIMT, and batched dense tensor cores), plan + GEMV and plan + tensor cores
+//          (register-prefetch, staged, and on sm_90a wgmma) against a double-precision host sum of the exact
 //          decoded weights (fp4_format.h), sorted / unsorted / repeated experts, M > 1, ragged K,
 //          per-expert multipliers, out-of-range pairs (NaN rows);
 //   bench: Qwen3-30B-A3B expert shapes (128 experts, top-8; 768 x 2048 and 2048 x 768), kernel
@@ -48,11 +49,16 @@ T* to_device(const std::vector<T>& h) {
 DeviceInfo g_dev;
 
 // The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV as the decode
-// GEMV, the SIMT kernel, the batched dense tensor-core kernel and both grouped tensor-core kernels.
-enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc, kTcStaged };
+// GEMV, the SIMT kernel, the batched dense tensor-core kernel and the three grouped tensor-core
+// kernels (wgmma forced where it can run: elsewhere the glue's next choice runs under its name).
+enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc, kTcStaged, kTcWgmma };
 
-Kind kind_of(GatherKernel k) {
-  return k == GatherKernel::kPairs ? Kind::kDecode : k == GatherKernel::kTc ? Kind::kTcStaged : Kind::kGemv;
+// The glue's choice for `g` (gather_kernel_for, then gather_tc_for's rows rule for wgmma).
+Kind kind_of(const fp4::GatherW4A16Problem& g) {
+  const GatherKernel k = gather_kernel_for(g);
+  if (k != GatherKernel::kTc) return k == GatherKernel::kPairs ? Kind::kDecode : Kind::kGemv;
+  const bool wgmma = g_dev.wgmma && fp4::cuda_gather_tiling::gather_wgmma_rows_ok(fp4::gather_out_rows(g), g.experts);
+  return wgmma ? Kind::kTcWgmma : Kind::kTcStaged;
 }
 
 template <typename Args>
@@ -74,6 +80,7 @@ struct Problem {
   std::vector<float> mult;
   GatherArgs a{};
   int32_t* ws = nullptr;
+  void* xp = nullptr;  // the grouped wgmma kernel's gathered, permuted x
 
   Problem(int64_t e, int64_t n, int64_t k, int64_t m, int64_t batches, std::vector<uint32_t> l,
           std::vector<uint32_t> r, bool per_expert, std::mt19937& rng)
@@ -122,6 +129,7 @@ struct Problem {
     CK(cudaMalloc(&a.out, std::max<int64_t>(1, fp4::gather_out_rows(g) * g.mm.n) * sizeof(float)));
     const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
     CK(cudaMalloc(&ws, words * sizeof(int32_t)));
+    CK(cudaMalloc(&xp, std::max<int64_t>(1, fp4::gather_out_rows(g) * wgmma_padded_k(g.mm.k)) * sizeof(uint16_t)));
     a.workspace = ws;
     a.g = g;
     use(k);
@@ -130,7 +138,10 @@ struct Problem {
   void use(Kind k) {
     kernel = k;
     // The glue's rule (gather_tc_for); "tc" is the register-prefetch kernel forced.
-    a.use_tc = (k == Kind::kTc || k == Kind::kTcStaged) ? gather_tc_for(a, k == Kind::kTcStaged) : kTcNone;
+    const bool tc = k == Kind::kTc || k == Kind::kTcStaged || k == Kind::kTcWgmma;
+    const GatherWgmma wg = k == Kind::kTcWgmma && g_dev.wgmma ? kWgmmaForced : kWgmmaOff;
+    a.use_tc = tc ? gather_tc_for(a, k != Kind::kTc, wg) : kTcNone;
+    a.tile_rows = gather_tile_rows(a.use_tc);
   }
 
   // The batched dense kernel's launch for this problem (func null where it does not apply).
@@ -164,6 +175,16 @@ struct Problem {
       return;
     }
     run(gather_plan_launch(g), a, st);
+    if (a.use_tc == kTcWgmma) {
+      W4A16Args b = grouped_args(a);
+      const int64_t rows = fp4::gather_out_rows(g);
+      WgmmaPermuteArgs pa{a.x, xp, rows, g.mm.k, wgmma_padded_k(g.mm.k), b.x_rows};
+      run(wgmma_permute_launch(pa, g.mm.x_dtype), pa, st);
+      WgmmaArgs wa;
+      wgmma_prepare_grouped(wa, b, xp, rows, g.experts);
+      run(wgmma_grouped_launch(g.mm, fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows, a.tile_rows)), wa, st);
+      return;
+    }
     if (a.use_tc == kTcStaged) {
       W4A16Args b = grouped_args(a);
       run(tc_grouped_launch(g.mm, g_dev, fp4::cuda_gather_tiling::max_tc_tiles(g.experts, fp4::gather_out_rows(g))), b,
@@ -177,7 +198,7 @@ struct Problem {
     for (const void* p : {a.x, static_cast<const void*>(a.w), static_cast<const void*>(a.scales),
                           static_cast<const void*>(a.lhs), static_cast<const void*>(a.rhs),
                           static_cast<const void*>(a.multiplier), static_cast<const void*>(a.out),
-                          static_cast<const void*>(ws)}) {
+                          static_cast<const void*>(ws), static_cast<const void*>(xp)}) {
       if (p) cudaFree(const_cast<void*>(p));
     }
   }
@@ -193,9 +214,10 @@ float bf16_value(uint16_t bits) {
 // Double sum over exact decoded weights; NaN rows for out-of-range pairs.
 const char* kernel_name(Kind k) {
   return k == Kind::kDecode ? "decode" : k == Kind::kPairs ? "pairs" : k == Kind::kPairsTc ? "pairs-tc"
-         : k == Kind::kTc ? "tc" : k == Kind::kTcStaged ? "tc-staged" : "gemv";
+         : k == Kind::kTc ? "tc" : k == Kind::kTcStaged ? "tc-staged" : k == Kind::kTcWgmma ? "tc-wgmma" : "gemv";
 }
-constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs, Kind::kPairsTc, Kind::kGemv, Kind::kTc, Kind::kTcStaged};
+constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs,     Kind::kPairsTc, Kind::kGemv,
+                             Kind::kTc,     Kind::kTcStaged, Kind::kTcWgmma};
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
 void check(const std::string& name, Problem& pr, Kind kernel) {
@@ -231,8 +253,9 @@ void check(const std::string& name, Problem& pr, Kind kernel) {
         bad += !(std::fabs(got - acc * c) <= tol);
       }
   }
-  std::printf("check %-28s %-5s pairs %4lld  %s\n", name.c_str(), kernel_name(kernel), (long long)g.pairs,
-              bad ? "FAILED" : "ok");
+  const bool wgmma_ran = kernel != Kind::kTcWgmma || pr.a.use_tc == kTcWgmma;
+  std::printf("check %-32s %-8s%s pairs %4lld  %s\n", name.c_str(), kernel_name(kernel), wgmma_ran ? "" : " (n/a)",
+              (long long)g.pairs, bad ? "FAILED" : "ok");
   if (bad) {
     std::printf("  %lld bad outputs\n", (long long)bad);
     ++g_failures;
@@ -286,6 +309,20 @@ void run_checks() {
       // partial last one, M = 3 rows per pair, x matrices through lhs, N = 72 (a partial weight tile).
       Problem p(3, 72, 384, 3, 40, random_experts(40, 4, false, rng), random_experts(40, 3, true, rng), true, rng);
       check("grouped tiles, M = 3, K = 384", p, tc);
+    }
+    {
+      // The grouped wgmma kernel's shape (K % 256 == 0): 64-row tiles over groups of 2 rows per
+      // pair through lhs, N = 200 (the second weight tile runs into the next expert's rows, which
+      // are never stored), per-expert multipliers, an out-of-range pair.
+      std::vector<uint32_t> l = random_experts(150, 40, false, rng), r = random_experts(150, 3, true, rng);
+      r[149] = 3;
+      Problem p(3, 200, 512, 2, 40, l, r, true, rng);
+      check("grouped 64-row tiles, K = 512", p, tc);
+    }
+    {
+      // Unsorted, one row per pair, K = 768 (3 stages), one multiplier.
+      Problem p(5, 136, 768, 1, 400, iota_u32(400), random_experts(400, 5, false, rng), false, rng);
+      check("grouped unsorted, K = 768", p, tc);
     }
   }
 }
@@ -353,7 +390,7 @@ void run_bench() {
       Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
                 routes[0], true, rng);
       p.upload(Kind::kGemv);
-      const Kind planned = kind_of(gather_kernel_for(p.g));
+      const Kind planned = kind_of(p.g);
       std::vector<uint32_t*> d_routes;
       for (auto& r : routes) d_routes.push_back(to_device(r));
       // Every kernel at every point (the plan's crossovers come from these lines).
@@ -440,6 +477,7 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetAttribute(&g_dev.sm_count, cudaDevAttrMultiProcessorCount, dev));
   CK(cudaDeviceGetAttribute(&g_dev.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
   CK(cudaDeviceGetAttribute(&g_dev.cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+  g_dev.wgmma = wgmma_built() && g_dev.cc_major == 9 && g_dev.cc_minor == 0;
   preload_kernels();  // the staged kernels' shared-memory attribute
   if (do_check) run_checks();
   if (do_bench) run_bench();

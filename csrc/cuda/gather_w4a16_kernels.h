@@ -25,16 +25,28 @@ struct GatherArgs {
   void* out;                // [pairs * m, n], mm.out_dtype
   int32_t* workspace;       // plan_workspace_words(experts, pairs, rows) int32
   int use_tc;               // GatherTc: whether the plan lists tensor-core tiles (and row maps)
-                            // for gather_tc_launch / tc_grouped_launch (the pair GEMV needs no
-                            // workspace and no plan)
+                            // for gather_tc_launch / tc_grouped_launch / wgmma_grouped_launch (the
+                            // pair GEMV needs no workspace and no plan)
+  int tile_rows;            // rows of one expert per tile (gather_tile_rows(use_tc))
   fp4::GatherW4A16Problem g;
 };
 
 using fp4::cuda_gather_tiling::GatherKernel;
 
 // GatherArgs::use_tc: no tiles (grouped GEMV), tiles for the grouped register-prefetch kernel
-// (gather_tc_launch), or tiles and row maps for the grouped staged kernel (tc_grouped_launch).
-enum GatherTc : int { kTcNone = 0, kTcRegister = 1, kTcStaged = 2 };
+// (gather_tc_launch), or tiles and row maps for the grouped staged kernel (tc_grouped_launch) or
+// for the grouped wgmma kernel (wgmma_grouped_launch, after x is gathered and permuted).
+enum GatherTc : int { kTcNone = 0, kTcRegister = 1, kTcStaged = 2, kTcWgmma = 3 };
+
+// The plan's tile rows for a kernel choice: the wgmma kernel's x tile, else kTcTileRows.
+inline int gather_tile_rows(int use_tc) {
+  return use_tc == kTcWgmma ? int(fp4::cuda_gather_tiling::kWgmmaGroupTileRows)
+                            : int(fp4::cuda_gather_tiling::kTcTileRows);
+}
+
+// gather_tc_for's wgmma argument: not available (device, build or MLX_FP4_CUDA_GATHER_WGMMA=0),
+// by the rows rule, or forced wherever it can run (MLX_FP4_CUDA_GATHER_WGMMA=1; A/B timing).
+enum GatherWgmma : int { kWgmmaOff = 0, kWgmmaAuto = 1, kWgmmaForced = 2 };
 
 Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
 // The plan: the pair GEMV for at most kPairsMaxRows rows of x (decode); else the plan kernel,
@@ -68,16 +80,27 @@ inline W4A16Args expert_args(const GatherArgs& a) {
   return b;
 }
 
-// The kernel of the plan's tensor-core tiles (GatherKernel::kTc, so bf16/fp16 x): the dense staged
-// kernel, grouped, where `staged` and its loads apply and the row maps fit int32, else the
-// register-prefetch kernel. NVFP4 only for now: the grouped MXFP4 instantiation has not run on a
-// GPU yet (its tests are in tests/test_mxfp4.py).
-inline GatherTc gather_tc_for(const GatherArgs& a, bool staged) {
+// The kernel of the plan's tensor-core tiles (GatherKernel::kTc, so bf16/fp16 x). NVFP4 with
+// TMA-able rows, experts stacked without gaps (one tensor map over all experts' rows), and rows
+// per expert by gather_wgmma_rows_ok: the grouped wgmma kernel. Else the dense staged kernel,
+// grouped, where `staged` and its loads apply (either mode), else the register-prefetch kernel.
+// Row maps and TMA coordinates are int32.
+inline GatherTc gather_tc_for(const GatherArgs& a, bool staged, GatherWgmma wgmma = kWgmmaOff) {
   constexpr int64_t kMaxRow = 0x7FFFFFFF;
   const fp4::GatherW4A16Problem& g = a.g;
-  const bool fits = fp4::gather_out_rows(g) <= kMaxRow && g.x_batches * g.mm.m <= kMaxRow;
+  const int64_t rows = fp4::gather_out_rows(g);
+  const bool fits = rows <= kMaxRow && g.x_batches * g.mm.m <= kMaxRow;
   const bool nvfp4 = g.mm.mode == fp4::kModeNvfp4;
-  return staged && nvfp4 && fits && staged_loads_ok(g.mm, a.x, a.w, a.scales) ? kTcStaged : kTcRegister;
+  const bool stacked = g.w_expert_bytes == g.mm.n * g.mm.w_row_bytes &&
+                       g.scale_expert_bytes == g.mm.n * g.mm.scale_row_bytes && g.experts * g.mm.n <= kMaxRow;
+  const bool wgmma_rows = wgmma == kWgmmaForced
+                              ? fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows, gather_tile_rows(kTcWgmma)) <=
+                                    fp4::cuda_gather_tiling::kMaxGridY
+                              : fp4::cuda_gather_tiling::gather_wgmma_rows_ok(rows, g.experts);
+  if (wgmma != kWgmmaOff && nvfp4 && fits && stacked && wgmma_rows && wgmma_loads_ok(g.mm, a.w, a.scales)) {
+    return kTcWgmma;
+  }
+  return staged && fits && staged_loads_ok(g.mm, a.x, a.w, a.scales) ? kTcStaged : kTcRegister;
 }
 
 // The plan's tiles as grouped dense products for the staged tensor-core kernel

@@ -46,6 +46,15 @@ bool gather_staged_allowed() {
   return !disabled;
 }
 
+// The grouped wgmma kernel where this device runs it: MLX_FP4_CUDA_GATHER_WGMMA=0 keeps it off,
+// =1 forces it wherever it can run (tests, A/B timing); otherwise gather_tc_for's rows rule.
+cuda::GatherWgmma gather_wgmma(int device) {
+  static const char* env = std::getenv("MLX_FP4_CUDA_GATHER_WGMMA");
+  const std::string forced = env ? env : "";
+  if (!cuda::device_info(device).wgmma || forced == "0") return cuda::kWgmmaOff;
+  return forced == "1" ? cuda::kWgmmaForced : cuda::kWgmmaAuto;
+}
+
 }  // namespace
 
 void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vector<mx::array>& outputs) {
@@ -71,7 +80,10 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   a.out = mx::gpu_ptr<void>(out);
   const cuda::GatherKernel kernel = gather_kernel(g);
   a.g = g;
-  a.use_tc = kernel == cuda::GatherKernel::kTc ? cuda::gather_tc_for(a, gather_staged_allowed()) : cuda::kTcNone;
+  const int device = enc.device().cuda_device();
+  a.use_tc = kernel == cuda::GatherKernel::kTc ? cuda::gather_tc_for(a, gather_staged_allowed(), gather_wgmma(device))
+                                               : cuda::kTcNone;
+  a.tile_rows = cuda::gather_tile_rows(a.use_tc);
   const bool vec = cuda::vector_loads_ok(g.mm, a.x, a.w);
 
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
@@ -89,7 +101,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
     cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
     const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
     const bool staged = half_x && cuda::staged_loads_ok(g.mm, b.x, b.w, b.scales);
-    const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(enc.device().cuda_device()), true, g.pairs)
+    const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(device), true, g.pairs)
                                    : cuda::Launch{};
     if (tc.func && forced != "simt") {
       enc.add_kernel_node_ex(tc.func, tc.grid, tc.block, {}, tc.smem, b);
@@ -112,14 +124,39 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   enc.set_output_array(out);
   const cuda::Launch plan = cuda::gather_plan_launch(g);
   enc.add_kernel_node_ex(plan.func, plan.grid, plan.block, {}, plan.smem, a);
+  const int64_t rows = fp4::gather_out_rows(g);
+  if (a.use_tc == cuda::kTcWgmma) {
+    // x rows gathered into the sorted order and permuted (the kernel's k order), then the kernel.
+    cuda::W4A16Args b = cuda::grouped_args(a);
+    const int64_t kp = cuda::wgmma_padded_k(g.mm.k);
+    mx::array xp = cuda::device_array({static_cast<int>(rows), static_cast<int>(kp)}, inputs[kGatherX].dtype(), enc);
+    cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(xp), rows, g.mm.k, kp, b.x_rows};
+    enc.set_input_array(inputs[kGatherX]);
+    enc.set_input_array(ws);
+    enc.set_output_array(xp);
+    const cuda::Launch permute = cuda::wgmma_permute_launch(pa, g.mm.x_dtype);
+    enc.add_kernel_node_ex(permute.func, permute.grid, permute.block, {}, permute.smem, pa);
+    cuda::WgmmaArgs wa;
+    cuda::wgmma_prepare_grouped(wa, b, pa.xp, rows, g.experts);
+    for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_input_array(ws);
+    enc.set_input_array(xp);
+    enc.set_output_array(out);
+    const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows, a.tile_rows);
+    const cuda::Launch run = cuda::wgmma_grouped_launch(g.mm, tiles);
+    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, wa);
+    enc.add_temporary(xp);
+    enc.add_temporary(ws);
+    return;
+  }
   // GEMV over every active expert, or a tensor-core kernel over the plan's tiles.
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_input_array(ws);
   enc.set_output_array(out);
   if (a.use_tc == cuda::kTcStaged) {
     cuda::W4A16Args b = cuda::grouped_args(a);  // non-const: MLX takes the kernel arguments by pointer
-    const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, fp4::gather_out_rows(g));
-    const cuda::Launch run = cuda::tc_grouped_launch(g.mm, cuda::device_info(enc.device().cuda_device()), tiles);
+    const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows);
+    const cuda::Launch run = cuda::tc_grouped_launch(g.mm, cuda::device_info(device), tiles);
     enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, b);
   } else {
     const cuda::Launch run = a.use_tc ? cuda::gather_tc_launch(g, vec) : cuda::gather_gemv_launch(g, vec);

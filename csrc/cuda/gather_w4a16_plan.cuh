@@ -24,7 +24,8 @@ struct PlanView {
   int32_t* order;   // [P]: pair ids grouped by expert
   int32_t* num_tiles;
   int32_t* tiles;   // [max_tc_tiles] x (expert, first row of the tile in its group)
-  int32_t* x_rows;    // [rows]: row r of the sorted order reads this x row (kTcStaged only)
+  int32_t* x_rows;    // [rows]: row r of the sorted order reads this x row (-1 past the valid
+                      // pairs' rows; kTcStaged and kTcWgmma only)
   int32_t* out_rows;  // [rows]: ... and writes this out row
 };
 
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherA
     const int32_t c = v.cursor[e];
     pairs += c;
     active += c > 0;
-    if (a.use_tc) tiles += static_cast<int32_t>((c * M + kTcTileRows - 1) / kTcTileRows);
+    if (a.use_tc) tiles += static_cast<int32_t>((c * M + a.tile_rows - 1) / a.tile_rows);
   }
   int32_t pair_at, active_at, tile_at;
   Scan(scan_storage).ExclusiveSum(pairs, pair_at);
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherA
     if (c == 0) continue;
     v.active[active_at++] = static_cast<int32_t>(e);
     if (!a.use_tc) continue;
-    for (int64_t r0 = 0; r0 < c * M; r0 += kTcTileRows, ++tile_at) {
+    for (int64_t r0 = 0; r0 < c * M; r0 += a.tile_rows, ++tile_at) {
       v.tiles[2 * tile_at] = static_cast<int32_t>(e);
       v.tiles[2 * tile_at + 1] = static_cast<int32_t>(r0);
     }
@@ -104,11 +105,16 @@ __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherA
       for (int64_t i = 0; i < M * N; ++i) store_from_float(a.out, a.g.mm.out_dtype, p * M * N + i, nan);
     }
   }
-  if (a.use_tc != kTcStaged) return;
-  // The grouped staged kernel reads and writes rows through these maps of the sorted order.
+  if (a.use_tc != kTcStaged && a.use_tc != kTcWgmma) return;
+  // The grouped staged and wgmma kernels read and write rows through these maps of the sorted
+  // order; the wgmma kernel's x gather (wgmma_permute_launch) reads all `rows` entries.
   __syncthreads();
-  const int64_t rows = int64_t(v.start[E]) * M;
+  const int64_t valid = int64_t(v.start[E]) * M, rows = fp4::gather_out_rows(a.g);
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (r >= valid) {
+      v.x_rows[r] = -1;
+      continue;
+    }
     const int64_t pair = v.order[r / M];
     v.x_rows[r] = static_cast<int32_t>(int64_t(a.lhs[pair]) * M + r % M);
     v.out_rows[r] = static_cast<int32_t>(pair * M + r % M);

@@ -62,6 +62,11 @@ __device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t r
   return v;
 }
 
+// The multiplier of expert `e` of a grouped or batched launch (a.global_scale when not per expert).
+__device__ __forceinline__ const float* expert_multiplier(const W4A16Args& a, int64_t e) {
+  return a.p.has_global_scale && a.multiplier_per_expert ? a.global_scale + e : a.global_scale;
+}
+
 // Product blockIdx.z of a batched launch (W4A16Args::batch_rhs): pointers moved to its expert,
 // x matrix, output rows and operand rows (Row/Full operands are indexed by the output row).
 // `live` is false for an out-of-range pair: only `out` is moved then (batch_fill_nan).
@@ -76,7 +81,7 @@ __device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) 
   b.w = a.w + e * a.w_batch_bytes;
   b.scales = a.scales + e * a.scale_batch_bytes;
   b.x = static_cast<const uint8_t*>(a.x) + int64_t(l) * M * a.p.k * fp4::dtype_bytes(a.p.x_dtype);
-  if (a.p.has_global_scale && a.multiplier_per_expert) b.global_scale = a.global_scale + e;
+  b.global_scale = expert_multiplier(a, e);
   for (int i = 0; i < a.p.num_operands; ++i) {
     const int kind = a.p.operand_kind[i];
     const int64_t rows_first = kind == fp4::kOperandRow ? z * M : kind == fp4::kOperandFull ? z * M * N : 0;
@@ -85,22 +90,32 @@ __device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) 
   return b;
 }
 
-// Tile blockIdx.x of a grouped launch (W4A16Args::group_*): expert, rows from the tile's first
-// (p.m = rows left in the group; the kernel's tile covers what fits), row maps moved to them.
+// Tile `tile` of a grouped launch (W4A16Args::group_*): its expert, its first row in the sorted
+// order and the rows left in its group from there (the kernel's tile covers what fits).
 // `live` is false past the plan's tile count.
+struct GroupTile {
+  int64_t expert, row0, rows;
+};
+__device__ __forceinline__ GroupTile group_tile(const W4A16Args& a, int64_t tile, bool& live) {
+  live = tile < *a.group_num_tiles;
+  if (!live) return GroupTile{0, 0, 0};
+  const int64_t e = a.group_tiles[2 * tile];
+  const int64_t row0 = int64_t(a.group_start[e]) * a.p.m + a.group_tiles[2 * tile + 1];
+  return GroupTile{e, row0, int64_t(a.group_start[e + 1]) * a.p.m - row0};
+}
+
+// Tile blockIdx.x of a grouped launch as a dense product: p.m = the rows left in its group, w,
+// scales and multiplier moved to its expert, row maps to its rows.
 __device__ __forceinline__ W4A16Args group_view(const W4A16Args& a, bool& live) {
   W4A16Args b = a;
-  const int64_t tile = blockIdx.x;
-  live = tile < *a.group_num_tiles;
+  const GroupTile t = group_tile(a, blockIdx.x, live);
   if (!live) return b;
-  const int64_t e = a.group_tiles[2 * tile], r0 = a.group_tiles[2 * tile + 1];
-  const int64_t first = int64_t(a.group_start[e]) * a.p.m;
-  b.p.m = int64_t(a.group_start[e + 1]) * a.p.m - first - r0;
-  b.w = a.w + e * a.w_batch_bytes;
-  b.scales = a.scales + e * a.scale_batch_bytes;
-  if (a.p.has_global_scale && a.multiplier_per_expert) b.global_scale = a.global_scale + e;
-  b.x_rows = a.x_rows + first + r0;
-  b.out_rows = a.out_rows + first + r0;
+  b.p.m = t.rows;
+  b.w = a.w + t.expert * a.w_batch_bytes;
+  b.scales = a.scales + t.expert * a.scale_batch_bytes;
+  b.global_scale = expert_multiplier(a, t.expert);
+  b.x_rows = a.x_rows + t.row0;
+  b.out_rows = a.out_rows + t.row0;
   return b;
 }
 

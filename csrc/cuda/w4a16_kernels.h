@@ -97,6 +97,7 @@ struct WgmmaPermuteArgs {
   const void* x;  // [M, K]
   void* xp;       // [M, kp]
   int64_t m, k, kp;
+  const int32_t* rows;  // null: row m of xp is x row m; else x row rows[m], zeros where negative
 };
 struct WgmmaArgs {
   CUtensorMap x_map, w_map, s_map;  // built by wgmma_prepare
@@ -117,6 +118,12 @@ int64_t wgmma_padded_k(int64_t k);
 Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype);
 void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg);
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg);
+// The grouped wgmma kernel (the gathered op's prefill) over grid (weight-row tiles of one expert,
+// `max_tiles` plan tiles of kWgmmaGroupTileRows rows). `a`: the grouped dense products of every
+// expert (W4A16Args::group_*, experts stacked without gaps, p as for one expert); xp: the
+// `rows` rows of the sorted order gathered and permuted (wgmma_permute_launch with a.x_rows).
+void wgmma_prepare_grouped(WgmmaArgs& args, const W4A16Args& a, const void* xp, int64_t rows, int64_t experts);
+Launch wgmma_grouped_launch(const fp4::W4A16Problem& p, int64_t max_tiles);
 // A graph of the one kernel launch `l` with its cluster shape as a node attribute, for MLX's
 // CommandEncoder::add_graph_node: a kernel node added directly keys MLX's graph cache as "K"
 // whatever its cluster shape, and cudaGraphExecUpdate onto such a cached graph keeps the stale

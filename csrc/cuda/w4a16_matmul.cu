@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <string>
 
+#include "../shared/gather_tiling_cuda.h"
 #include "../shared/tiling_cuda.h"
 #include "strided_copy.cuh"
 #include "w4a16_dequant.cuh"
@@ -290,6 +291,11 @@ CUfunction wgmma_func_t(int tile_m) {
   if (tile_m == kWgmmaTileMMid) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMMid>);
   return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMLarge>);
 }
+constexpr int kGroupTileM = fp4::cuda_gather_tiling::kWgmmaGroupTileRows;
+CUfunction wgmma_grouped_func(int x_dtype) {
+  return x_dtype == fp4::kDtypeF16 ? func_of(w4a16_wgmma_kernel<__half, kGroupTileM, true>)
+                                   : func_of(w4a16_wgmma_kernel<__nv_bfloat16, kGroupTileM, true>);
+}
 
 // A 2D tensor map over rows of `row_bytes` (16-byte multiple) with boxes of box_inner x box_rows.
 void encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t rows,
@@ -318,22 +324,48 @@ Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype) {
   return l;
 }
 
-void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg) {
+namespace {
+// The three tensor maps: x_rows rows of xp, w_rows rows of the weights and of their scales.
+void wgmma_maps(WgmmaArgs& args, const W4A16Args& a, const void* xp, int64_t x_rows, int64_t w_rows, int tile_m) {
   const fp4::W4A16Problem& p = a.p;
   const int64_t kp = wgmma_padded_k(p.k);
   args.a = a;
   args.k_stages = kp / kWgmmaStageK;
-  args.splits = cfg.splits;
-  args.multicast = cfg.multicast;
   const CUtensorMapDataType xt =
       p.x_dtype == fp4::kDtypeF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  encode_2d(&args.x_map, xt, xp, kp, p.m, kp * 2, kWgmmaXBoxK, cfg.tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
+  encode_2d(&args.x_map, xt, xp, kp, x_rows, kp * 2, kWgmmaXBoxK, tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
   // Weight and scale maps end at K's last byte, not at the row stride: padding bytes of a row
   // (garbage nibbles, scale bytes past ceil(K / 16) that may decode to NaN) read as zeros.
-  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, fp4::packed_bytes_for_k(p.k), p.n, p.w_row_bytes,
+  encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, fp4::packed_bytes_for_k(p.k), w_rows, p.w_row_bytes,
             kWgmmaStageK / fp4::kValuesPerByte, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_128B);
-  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, fp4::scale_blocks_for_k(p.k), p.n,
+  encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, fp4::scale_blocks_for_k(p.k), w_rows,
             p.scale_row_bytes, kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+}  // namespace
+
+void wgmma_prepare(WgmmaArgs& args, const W4A16Args& a, const void* xp, const WgmmaConfig& cfg) {
+  wgmma_maps(args, a, xp, a.p.m, a.p.n, cfg.tile_m);
+  args.splits = cfg.splits;
+  args.multicast = cfg.multicast;
+}
+
+void wgmma_prepare_grouped(WgmmaArgs& args, const W4A16Args& a, const void* xp, int64_t rows, int64_t experts) {
+  wgmma_maps(args, a, xp, rows, experts * a.p.n, kGroupTileM);
+  args.splits = 1;
+  args.multicast = 1;
+}
+
+Launch wgmma_grouped_launch(const fp4::W4A16Problem& p, int64_t max_tiles) {
+  Launch l;
+  l.func = wgmma_grouped_func(p.x_dtype);
+  const int64_t gx = ceil_div(p.n, kWgmmaBlockRows);
+  if (max_tiles > fp4::cuda_gather_tiling::kMaxGridY || gx > 0x7FFFFFFF) {
+    throw std::runtime_error("[GatherW4A16Matmul] CUDA backend: problem too large for the grouped wgmma grid");
+  }
+  l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(max_tiles > 0 ? max_tiles : 1), 1);
+  l.block = dim3(kWgmmaThreads, 1, 1);
+  l.smem = static_cast<unsigned>(wgmma_smem_bytes(kGroupTileM));
+  return l;
 }
 
 Launch wgmma_launch(const fp4::W4A16Problem& p, const WgmmaConfig& cfg) {
@@ -451,12 +483,12 @@ void preload_kernels() {
       p.m = p.n = p.k = 1;
       p.x_dtype = dt;
       wgmma_permute_launch(WgmmaPermuteArgs{}, dt);
-      for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)}) {
-        const Launch l = wgmma_launch(p, WgmmaConfig{tm, 1});
+      // Split K x multicast runs as clusters of up to kWgmmaMaxClusterBlocks (portable: no opt-in).
+      for (const Launch& l : {wgmma_launch(p, WgmmaConfig{kWgmmaTileMSmall, 1}), wgmma_launch(p, WgmmaConfig{kWgmmaTileMMid, 1}),
+                              wgmma_launch(p, WgmmaConfig{kWgmmaTileMLarge, 1}), wgmma_grouped_launch(p, 1)}) {
         const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                               static_cast<int>(l.smem));
         if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
-        // Split K x multicast runs as clusters of up to kWgmmaMaxClusterBlocks (portable: no opt-in).
       }
     }
   }

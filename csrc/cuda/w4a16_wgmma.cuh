@@ -61,7 +61,8 @@ __host__ __device__ __forceinline__ int wgmma_permuted_k(int pos) {
   return 64 * t + 8 * (s >> 1) + 2 * (s & 1) + c + 4 * e;
 }
 
-// x -> xp: one thread writes 8 consecutive permuted values (16 bytes); zeros past K.
+// x -> xp: one thread writes 8 consecutive permuted values (16 bytes); zeros past K. With a row
+// map (the grouped kernel), row m of xp is x row rows[m] (zeros where negative).
 template <typename T>
 __global__ void w4a16_wgmma_permute_x_kernel(const WgmmaPermuteArgs pa) {
   constexpr int kChunk = 8;
@@ -70,6 +71,7 @@ __global__ void w4a16_wgmma_permute_x_kernel(const WgmmaPermuteArgs pa) {
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < pa.m * chunks_per_row;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t m = idx / chunks_per_row;
+    const int64_t src = pa.rows ? int64_t(pa.rows[m]) : m;
     const int64_t p0 = (idx % chunks_per_row) * kChunk;
     const int64_t stage_k = p0 / kWgmmaStageK * kWgmmaStageK;
     const int pos = static_cast<int>(p0 - stage_k);
@@ -77,7 +79,7 @@ __global__ void w4a16_wgmma_permute_x_kernel(const WgmmaPermuteArgs pa) {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
       const int64_t k = stage_k + wgmma_permuted_k(pos + i);
-      const T xv = k < pa.k ? x[m * pa.k + k] : T(0.0f);
+      const T xv = k < pa.k && src >= 0 ? x[src * pa.k + k] : T(0.0f);
       v[i] = reinterpret_cast<const uint16_t&>(xv);
     }
     uint4 out;
@@ -209,7 +211,11 @@ __device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uin
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <typename T, int TM>
+// kGrouped: grid y is the plan's tiles of TM rows of one expert (W4A16Args::group_*, no split
+// K, no multicast): x rows from the tile's first in the gathered, permuted xp (sorted order), the
+// expert's weight rows from maps over all experts' rows, stores through out_rows. Rows of the next
+// expert or group that a tile's copies cover are computed and never stored.
+template <typename T, int TM, bool kGrouped = false>
 __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __grid_constant__ WgmmaArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = wgmma_stages(TM);
@@ -235,7 +241,19 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   const bool clustered = splits * mcast > 1;
   const int64_t tile = blockIdx.x / splits;
   const int64_t n_base = tile * kWgmmaBlockRows;
-  const int64_t m_base = int64_t(blockIdx.y) * TM;
+  // x rows [m_base, m_base + TM) of the copies, of which the first m_rows are stored; weight rows
+  // from w_base + n_base of the maps.
+  int64_t m_base = int64_t(blockIdx.y) * TM, m_rows = a.p.m - m_base, w_base = 0;
+  const float* multiplier = a.global_scale;
+  if constexpr (kGrouped) {
+    bool live = true;
+    const GroupTile gt = group_tile(a, blockIdx.y, live);
+    if (!live) return;  // uniform per block, before any barrier (no cluster when grouped)
+    m_base = gt.row0;
+    m_rows = gt.rows;
+    w_base = gt.expert * a.p.n;
+    multiplier = expert_multiplier(a, gt.expert);
+  }
   const unsigned split = blockIdx.x % splits;
   const unsigned group_pos = static_cast<unsigned>(tile % mcast);  // rank = group_pos * splits + split
   const int64_t st_begin = args.k_stages * split / splits;
@@ -280,9 +298,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
           }
         }
         tma_load_2d(base + kXBytes, &args.w_map, &full[slot], st * (kWgmmaStageK / fp4::kValuesPerByte),
-                    static_cast<int>(n_base));
+                    static_cast<int>(w_base + n_base));
         tma_load_2d(base + kXBytes + kWBytes, &args.s_map, &full[slot], st * (kWgmmaStageK / fp4::kBlockSize),
-                    static_cast<int>(n_base));
+                    static_cast<int>(w_base + n_base));
       }
     }
     if (clustered) {  // the barriers of the consumers' reduction and exit below
@@ -361,14 +379,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   }
 
   // D fragment: register 4j + c holds weight row r0 (+ 8 when c & 2), x row 8j + 2t + (c & 1).
-  const float gs = global_scale_of(a);
+  const float gs = a.p.has_global_scale ? *multiplier : 1.0f;
 #pragma unroll
   for (int j = 0; j < TM / 8; ++j)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int64_t n = n_base + r0 + ((c & 2) ? 8 : 0);
-      const int64_t m = m_base + 8 * j + 2 * t + (c & 1);
-      if (n < a.p.n && m < a.p.m) {
+      const int64_t mi = 8 * j + 2 * t + (c & 1);  // row of the tile
+      if (n < a.p.n && mi < m_rows) {
+        const int64_t m = kGrouped ? int64_t(a.out_rows[m_base + mi]) : m_base + mi;
         store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, acc[4 * j + c] * kTcAccScale, m, n, gs));
       }
     }

@@ -2,6 +2,7 @@
 // (csrc/cuda/gather_w4a16_matmul.cu), shared by the kernels, the MLX glue and the harness.
 #pragma once
 #include "fp4_format.h"
+#include "tiling_cuda.h"
 
 namespace fp4 {
 namespace cuda_gather_tiling {
@@ -32,15 +33,31 @@ enum : int {
   kDecodeWarps = 4,
   kDecodeRowsPerWarp = 4,
   kDecodeChunksPerLane = 2,
+  // Grouped wgmma kernel (sm_90a, prefill): the plan's tiles are this many rows of one expert (the
+  // dense wgmma kernel's mid x tile: 4 stages fit its ring, 2 at 128 rows), and it runs where the
+  // rows per expert average at least kWgmmaGroupMinRows. Measured (H200, Qwen3-30B-A3B experts,
+  // benchmarks/results/cuda/moe/gather_kernel_harness_grouped_wgmma.txt): at 32 rows per expert
+  // (512 tokens) it beats the grouped staged kernel 136 vs 186 us (768 x 2048) and 198 vs 227
+  // (2048 x 768), at 128 (2048 tokens) 345 vs 537 and 510 vs 746; fewer rows were not measured.
+  kWgmmaGroupTileRows = cuda_tiling::kWgmmaTileMMid,
+  kWgmmaGroupMinRows = 32,
+  kMaxGridY = 65535,
 };
 
 // The kernels of one gathered call: the plan-free pair GEMV, or the plan and then the grouped
 // GEMV or the grouped tensor-core kernel.
 enum class GatherKernel : int { kPairs = 0, kGemv = 1, kTc = 2 };
 
-// Upper bound of the tensor-core tiles: every active expert's rows in tiles of kTcTileRows.
-FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows) {
-  return (rows + kTcTileRows - 1) / kTcTileRows + (experts < rows ? experts : rows);
+// Upper bound of the tensor-core tiles: every active expert's rows in tiles of `tile_rows` (the
+// workspace holds the bound of the smallest tiles, kTcTileRows).
+FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows, int64_t tile_rows = kTcTileRows) {
+  return (rows + tile_rows - 1) / tile_rows + (experts < rows ? experts : rows);
+}
+
+// Whether the grouped wgmma kernel's tiles would be full enough: `rows` rows of x over `experts`.
+FP4_FN bool gather_wgmma_rows_ok(int64_t rows, int64_t experts) {
+  return experts > 0 && rows >= int64_t(kWgmmaGroupMinRows) * experts &&
+         max_tc_tiles(experts, rows, kWgmmaGroupTileRows) <= kMaxGridY;
 }
 
 // The plan workspace (int32 words): cursor[E] at 0, start[E + 1], active[E], num_active,

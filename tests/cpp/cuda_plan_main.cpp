@@ -7,6 +7,8 @@
 //   loads K w_row_bytes scale_row_bytes x_addr w_addr s_addr
 //     -> "vector staged wgmma"           (vector_loads_ok, staged_loads_ok, wgmma_loads_ok)
 //   loads_mxfp4 ...: the same for MXFP4 scales (E8M0 per 32)
+//   gather_wgmma rows experts
+//     -> "ok max_tiles"                  (gather_wgmma_rows_ok, tiles of kWgmmaGroupTileRows)
 // Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90, the wgmma kernel built).
 #include <cstdint>
 #include <iostream>
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "cuda/w4a16_plan.h"
+#include "shared/gather_tiling_cuda.h"
 
 namespace {
 
@@ -60,6 +63,12 @@ int main() {
       const auto* sp = reinterpret_cast<const void*>(s);
       std::cout << int(vector_loads_ok(p, xp, wp)) << ' ' << int(staged_loads_ok(p, xp, wp, sp)) << ' '
                 << int(wgmma_loads_ok(p, wp, sp)) << '\n';
+    } else if (what == "gather_wgmma") {
+      namespace gt = fp4::cuda_gather_tiling;
+      int64_t rows = 0, experts = 0;
+      in >> rows >> experts;
+      std::cout << int(gt::gather_wgmma_rows_ok(rows, experts)) << ' '
+                << gt::max_tc_tiles(experts, rows, gt::kWgmmaGroupTileRows) << '\n';
     } else {
       std::cout << "?\n";
     }
