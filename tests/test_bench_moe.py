@@ -53,3 +53,20 @@ def test_moe_decode_preset(tmp_path):
     (point,) = json.loads((tmp_path / "decode_tiny-moe_cpu.json").read_text())["points"]
     ours, mlx = point["variants"]["fp4"], point["variants"]["mlx_nvfp4"]
     assert ours["decode_tok_s"]["median"] > 0 and ours["weight_bytes_per_step"] == mlx["weight_bytes_per_step"]
+
+
+def test_moe_host_floor_and_fused(tmp_path):
+    """--host-floor: every implementation's node count for one layer call, times MLX's measured
+    eval cost per node; the fused FP4SwitchGLU has the MLP's elementwise nodes (sigmoid, two
+    multiplies) in its epilogues, so fewer nodes than the unfused gathered matmuls."""
+    rc = bench_main.main(["moe", "--device", "cpu", "--tokens", "2", "--repeats", "1", "--budget", "5",
+                          "--impls", "mlx_fp4", "mlx_fp4_fused", "mlx_nvfp4", "--host-floor",
+                          "--out", str(tmp_path)] + SMALL)
+    assert rc == 0
+    doc = json.loads((tmp_path / "moe_cpu.json").read_text())
+    assert doc["node_cost_kernel"]["eval_us_per_node_min"] > 0
+    (p,) = doc["points"]
+    r = p["results"]
+    assert all(v["status"] == "ok" and v["host_floor_ms"] > 0 for v in r.values())
+    assert r["mlx_fp4_fused"]["nodes"] < r["mlx_fp4"]["nodes"]
+    assert "nodes, host floor ms" in (tmp_path / "moe_cpu.md").read_text()

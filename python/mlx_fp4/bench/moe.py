@@ -21,8 +21,10 @@ QWEN3_30B_A3B = {"experts": 128, "top_k": 8, "hidden": 2048, "moe_intermediate":
 DECODE_TOKENS = [1, 2, 4, 8, 16]
 PREFILL_TOKENS = [512, 2048]
 OURS = "mlx_fp4"
+FUSED = "mlx_fp4_fused"
 IMPLS = {
     OURS: "mlx_fp4.gather_w4a16_matmul (nvfp4)",
+    FUSED: "mlx_fp4.nn.FP4SwitchGLU (nvfp4; SwiGLU in the gate's and up projection's epilogues)",
     "mlx_nvfp4": "mx.gather_qmm(mode='nvfp4')",
     "dense": "mx.gather_mm (bf16 weights; float32 on the CPU, where MLX's gather_mm is float32 only)",
 }
@@ -32,7 +34,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench moe", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "gpu"), default=None)
     p.add_argument("--tokens", nargs="+", type=int, help=f"default: decode {DECODE_TOKENS}, prefill {PREFILL_TOKENS}")
-    p.add_argument("--impls", nargs="+", choices=list(IMPLS), default=list(IMPLS))
+    p.add_argument("--impls", nargs="+", choices=list(IMPLS), default=[k for k in IMPLS if k != FUSED])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--budget", type=float, default=30.0, help="seconds per (point, implementation)")
     p.add_argument("--max-products", type=int, default=8)
@@ -46,6 +48,10 @@ def parse_args(argv):
                    help="mlp: the whole SwitchGLU; matmul: one gathered matmul (the gate projection) alone")
     p.add_argument("--mode", choices=("nvfp4", "mxfp4"), default="nvfp4",
                    help="FP4 format of ours and of mx.gather_qmm (the mlx_nvfp4 column runs this mode)")
+    p.add_argument("--host-floor", action="store_true",
+                   help="per point and implementation: the graph's node count for one layer call and that count "
+                        "times MLX's measured eval cost per node (bench/decode_host.node_cost), the time any kernel "
+                        "would take through this graph")
     for key, v in QWEN3_30B_A3B.items():  # other layer shapes (e.g. a small one for tests)
         p.add_argument("--" + key.replace("_", "-"), type=int, default=v, help=f"default {v} (Qwen3-30B-A3B)")
     return p.parse_args(argv)
@@ -106,6 +112,17 @@ def switch_glu(mm, x, idx):
     return y.squeeze(-2)
 
 
+def fused_glu(experts):
+    """The layer of the FUSED implementation: mlx_fp4.nn.FP4SwitchGLU over the same bytes, as a
+    (x, indices) callable like switch_glu's."""
+    from types import SimpleNamespace
+
+    from ..layers.switch import FP4SwitchGLU, FP4SwitchLinear
+
+    projs = {f"{n}_proj": FP4SwitchLinear.from_arrays(*experts.q[n], mode=experts.mode) for n in ("gate", "up", "down")}
+    return FP4SwitchGLU(SimpleNamespace(**projs))
+
+
 def routing(tokens, cfg, rng, where="host"):
     """Distinct top-k experts per token, uniformly random (a balanced router): from numpy on the
     host (copied in), or as a model's router makes them: top-k of logits on the device, left lazy
@@ -128,11 +145,20 @@ def one_matmul(mm, x, idx):
     return mm("gate", x, flat, sort)
 
 
-def runner(mm, x, cfg, rng, where="host", op="mlp"):
+def layer_fn(impl, experts, op="mlp"):
+    """(x, indices) -> one layer call of `impl`: the MLP, or its gate projection alone."""
+    if impl == FUSED:
+        if op != "mlp":
+            raise ValueError(f"--impls {FUSED} needs --op mlp (it fuses the whole MLP)")
+        return fused_glu(experts)
+    mm = matmul_fn(impl, experts)
     layer = switch_glu if op == "mlp" else one_matmul
+    return lambda x, idx: layer(mm, x, idx)
 
+
+def runner(layer, x, cfg, rng, where="host"):
     def run(count):
-        outs = [layer(mm, x, routing(x.shape[0], cfg, rng, where)) for _ in range(count)]
+        outs = [layer(x, routing(x.shape[0], cfg, rng, where)) for _ in range(count)]
         import time
 
         t0 = time.perf_counter()
@@ -165,6 +191,11 @@ def main(argv) -> int:
           f"(E={cfg['experts']}, top-{cfg['top_k']}, hidden {cfg['hidden']}, expert MLP {cfg['moe_intermediate']})")
     extrap = timing.Extrapolator()
     points = []
+    cost = None
+    if args.host_floor:
+        from .decode_host import graph_nodes, node_cost
+
+        cost = node_cost()["kernel"]
     for t in tokens:
         rng = np.random.default_rng(args.seed + t)
         x = (mx.random.normal((t, cfg["hidden"]), key=mx.random.key(t)) * 0.5).astype(mx.bfloat16)
@@ -175,19 +206,23 @@ def main(argv) -> int:
                                                      ("gate", "up", "down") if args.op == "mlp" else ("gate",)),
                  "results": {}}
         for impl in args.impls:
-            run = runner(matmul_fn(impl, experts), x, cfg, rng, args.routing, args.op)
-            meas = timing.measure(run, tcfg, extrap.predict(impl, t))
+            layer = layer_fn(impl, experts, args.op)
+            meas = timing.measure(runner(layer, x, cfg, rng, args.routing), tcfg, extrap.predict(impl, t))
             extrap.record(impl, t, meas.seconds)
-            point["results"][impl] = {"label": labels[impl], **meas.as_dict(),
-                                      "ms": meas.seconds * 1e3 if meas.seconds else None}
+            res = point["results"][impl] = {"label": labels[impl], **meas.as_dict(),
+                                            "ms": meas.seconds * 1e3 if meas.seconds else None}
+            if cost:
+                res["nodes"] = graph_nodes(layer(x, routing(t, cfg, rng, args.routing)))["nodes"]
+                res["host_floor_ms"] = res["nodes"] * cost["eval_us_per_node_min"] / 1e3
         mine = point["results"].get(OURS, {}).get("ms")
         point["speedup"] = {k: (r["ms"] / mine if mine and r.get("ms") else None)
                             for k, r in point["results"].items() if k != OURS}
         point["ours_active_gbps"] = point["active_weight_bytes"] / (mine * 1e-3) / 1e9 if mine else None
         points.append(point)
-        print(row(point, args.impls), flush=True)
+        print(row(point, args.impls, args.host_floor), flush=True)
     doc = {"schema": 1, "command": "python -m mlx_fp4.bench moe " + " ".join(argv), "device": info,
            "layer": cfg, "mode": args.mode, "routing": args.routing, "op": args.op, "timing": tcfg.describe(),
+           "node_cost_kernel": cost,
            "implementations": {k: labels[k] for k in args.impls},
            "points": points}
     os.makedirs(args.out, exist_ok=True)
@@ -196,25 +231,30 @@ def main(argv) -> int:
     report.write_json(base + ".json", doc)
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']} ({device}), mlx {info['versions']['mlx']}\n\n")
-        f.write(header(args.impls) + "\n" + "\n".join(row(p, args.impls) for p in points) + "\n")
+        f.write(header(args.impls, args.host_floor) + "\n"
+                + "\n".join(row(p, args.impls, args.host_floor) for p in points) + "\n")
     print(f"wrote {base}.json, {base}.md")
     return 0
 
 
-def header(impls):
+def header(impls, floor=False):
     cols = ["tokens", "phase"] + [f"{k} ms" for k in impls] + [f"x vs {k}" for k in impls if k != OURS]
     cols.append("ours GB/s (active experts)")
+    if floor:
+        cols += [f"{k} nodes, host floor ms" for k in impls]
     return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
 
 
-def row(p, impls):
+def row(p, impls, floor=False):
     def f(v, spec=".3g"):
         return "-" if v is None else format(v, spec)
 
-    cells = [str(p["tokens"]), p["phase"]] + [f(p["results"][k]["ms"]) if p["results"][k]["ms"] else
-                                            p["results"][k]["status"] for k in impls]
+    res = p["results"]
+    cells = [str(p["tokens"]), p["phase"]] + [f(res[k]["ms"]) if res[k]["ms"] else res[k]["status"] for k in impls]
     cells += [f(p["speedup"].get(k), ".2f") for k in impls if k != OURS]
     cells.append(f(p["ours_active_gbps"]))
+    if floor:
+        cells += [f"{res[k]['nodes']}, {f(res[k]['host_floor_ms'])}" for k in impls]
     return "| " + " | ".join(cells) + " |"
 
 
