@@ -317,8 +317,9 @@ def test_gather_sorted_prefill_uses_the_gemm(device):
 @pytest.mark.parametrize("pairs,m,k", [(80, 1, 100), (40, 3, 288), (6, 1, 256), (100, 1, 256), (30, 3, 384)])
 def test_gather_half_x_tensor_core_shapes(device, dtype, pairs, m, k):
     """Shapes the CUDA backend runs on tensor cores in MXFP4: more than 64 rows (the grouped
-    kernel, K % 32 != 0 tails too; K % 128 == 0: the grouped staged kernel's shape, NVFP4-only on
-    CUDA until these pass there) and a few pairs with K % 128 == 0 (the batched dense kernel)."""
+    kernel, K % 32 != 0 tails too; K % 128 == 0: the grouped staged kernel's shape, which takes
+    MXFP4 on CUDA since these passed on an H200) and a few pairs with K % 128 == 0 (the batched
+    dense kernel)."""
     g = rng("mx-gather-tc", pairs, m, k, str(dtype))
     e, n = 5, 40
     w, s = mx_experts(e, n, k, g)
