@@ -93,10 +93,9 @@ inline GatherTc gather_tc_for(const GatherArgs& a, bool staged, GatherWgmma wgmm
   const bool nvfp4 = g.mm.mode == fp4::kModeNvfp4;
   const bool stacked = g.w_expert_bytes == g.mm.n * g.mm.w_row_bytes &&
                        g.scale_expert_bytes == g.mm.n * g.mm.scale_row_bytes && g.experts * g.mm.n <= kMaxRow;
-  const bool wgmma_rows = wgmma == kWgmmaForced
-                              ? fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows, gather_tile_rows(kTcWgmma)) <=
-                                    fp4::cuda_gather_tiling::kMaxGridY
-                              : fp4::cuda_gather_tiling::gather_wgmma_rows_ok(rows, g.experts);
+  namespace gt = fp4::cuda_gather_tiling;
+  const bool wgmma_rows = wgmma == kWgmmaForced ? gt::gather_wgmma_tiles_fit(rows, g.experts)
+                                                : gt::gather_wgmma_rows_ok(rows, g.experts);
   if (wgmma != kWgmmaOff && nvfp4 && fits && stacked && wgmma_rows && wgmma_loads_ok(g.mm, a.w, a.scales)) {
     return kTcWgmma;
   }

@@ -54,10 +54,13 @@ FP4_FN int64_t max_tc_tiles(int64_t experts, int64_t rows, int64_t tile_rows = k
   return (rows + tile_rows - 1) / tile_rows + (experts < rows ? experts : rows);
 }
 
-// Whether the grouped wgmma kernel's tiles would be full enough: `rows` rows of x over `experts`.
+// Whether the grouped wgmma kernel's grid y holds every tile of `rows` rows of x over `experts`,
+// and (gather_wgmma_rows_ok) whether its tiles would also be full enough to take it.
+FP4_FN bool gather_wgmma_tiles_fit(int64_t rows, int64_t experts) {
+  return max_tc_tiles(experts, rows, kWgmmaGroupTileRows) <= kMaxGridY;
+}
 FP4_FN bool gather_wgmma_rows_ok(int64_t rows, int64_t experts) {
-  return experts > 0 && rows >= int64_t(kWgmmaGroupMinRows) * experts &&
-         max_tc_tiles(experts, rows, kWgmmaGroupTileRows) <= kMaxGridY;
+  return experts > 0 && rows >= int64_t(kWgmmaGroupMinRows) * experts && gather_wgmma_tiles_fit(rows, experts);
 }
 
 // The plan workspace (int32 words): cursor[E] at 0, start[E + 1], active[E], num_active,
