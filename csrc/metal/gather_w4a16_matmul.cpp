@@ -1,6 +1,9 @@
 // GatherW4A16Matmul::eval_gpu for Apple GPUs: the launch comes from the framework-free host code
 // (gather_dispatch.h, the code the metal_sim tests drive); the kernel is JIT-compiled from the
-// embedded MSL (cached by MLX per library name) and dispatched on a (weight-row tile, pair) grid.
+// embedded MSL (cached by MLX per library name) and dispatched on a (weight-row tile, pair) grid
+// (pairs: one, a run of kMetalGatherRun, or a GEMM tile of them).
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "../gather_primitive.h"
@@ -31,17 +34,31 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vect
   addr.w = static_cast<uint64_t>(inputs[kGatherW].offset());
   addr.scales = static_cast<uint64_t>(inputs[kGatherScales].offset());
   addr.out = static_cast<uint64_t>(out.offset());
-  const fp4::GatherMetalLaunch launch = fp4::gather_metal_plan(g, addr);
+  // Test/benchmark switch to force one kernel (gather_dispatch.h); unset in normal use.
+  const fp4::GatherMetalKernel forced = fp4::gather_metal_parse_kernel(std::getenv("MLX_FP4_METAL_GATHER"));
+  const fp4::GatherMetalLaunch launch = fp4::gather_metal_plan(g, addr, forced);
 
   auto& s = stream();
   auto& d = mx::metal::device(s.device);
   auto* lib = d.get_library(launch.library_name, [&launch]() {
     return std::string(metal_source()) + launch.instantiation;
   });
-  bool aligned = launch.aligned;
+  // Function constants (alignment, scale format) specialize the pipeline; MLX caches it by pipeline_name.
+  bool values[fp4::kMetalMaxConstants];
   mx::metal::MTLFCList constants;
-  constants.emplace_back(&aligned, MTL::DataType::DataTypeBool, NS::UInteger(fp4::kMetalFcGemvAligned));
+  for (int i = 0; i < launch.num_constants; ++i) {
+    values[i] = launch.constants[i].value;
+    constants.emplace_back(&values[i], MTL::DataType::DataTypeBool, NS::UInteger(launch.constants[i].index));
+  }
   auto* kernel = d.get_kernel(launch.kernel_name, lib, launch.pipeline_name, constants);
+  // The compiled pipeline may allow fewer threads than the kernel's
+  // [[max_total_threads_per_threadgroup]] (register pressure); never dispatch more.
+  if (kernel->maxTotalThreadsPerThreadgroup() < launch.threads) {
+    throw std::runtime_error(
+        "[gather_w4a16_matmul] Metal pipeline " + launch.pipeline_name + " allows " +
+        std::to_string(kernel->maxTotalThreadsPerThreadgroup()) + " threads per threadgroup, the launch needs " +
+        std::to_string(launch.threads) + "; set MLX_FP4_METAL_GATHER to another kernel.");
+  }
 
   auto& enc = mx::metal::get_command_encoder(s);
   enc.set_compute_pipeline_state(kernel);

@@ -246,6 +246,76 @@ inline void mma_strip_at(
   }
 }
 
+// Strips [s_begin, s_end) of the 64 weight rows from n0 into acc with two B buffers in bs: the
+// prologue decodes strip s_begin into buffer 0, then each step decodes strip s + 1 into the
+// other buffer while the simdgroups multiply strip s; one barrier separates the steps. Thread
+// tid decodes row tid / (BK / 16), block tid % (BK / 16) of each strip, its scale loaded itself.
+// Called uniformly by the whole threadgroup (barriers); w_fast: the unchecked decode applies to
+// the strips inside K.
+template <typename XT, int BK, bool MX>
+inline void gemm_strips_double_buffered(
+    thread simdgroup_float8x8* acc,
+    threadgroup typename GemmTile<MX>::T* bs,
+    device const XT* x,
+    ARows a,
+    device const uchar* w,
+    device const uchar* scales,
+    constant W4A16MetalParams& p,
+    int n0,
+    int s_begin,
+    int s_end,
+    bool w_fast,
+    bool x_vec,
+    uint tid,
+    short fm,
+    short fn,
+    int sg_n) {
+  typedef typename GemmTile<MX>::T TT;
+  constexpr int kBlocks = BK / kBlockSize;  // decode threads per weight row
+  constexpr int kLd = BK + kMetalBPad;
+  const int full_strips = p.k / BK;
+  const int dn = int(tid) / kBlocks;
+  const int dcol = (int(tid) % kBlocks) * kMetalDecodeCols;
+  const int doff = dn * kLd + dcol;
+  if (w_fast && s_begin < full_strips) {
+    decode_own_scale<true, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);
+  } else {
+    decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int s = s_begin; s < s_end; ++s) {
+    if (s + 1 < s_end) {
+      threadgroup TT* dst = bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd + doff;
+      const int kb = (s + 1) * BK + dcol;
+      if (w_fast && s + 1 < full_strips) {
+        decode_own_scale<true, MX>(dst, w, scales, p, n0 + dn, kb);
+      } else {
+        decode_own_scale<false, MX>(dst, w, scales, p, n0 + dn, kb);
+      }
+    }
+    threadgroup const TT* src = bs + ((s - s_begin) % 2) * kMetalBN * kLd;
+    mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+
+// A lane's two adjacent outputs of a fragment row (cols fn, fn + 1): one 2-element store when
+// out_vec (both inside N, aligned), else one or two scalar stores (`two`: col + 1 < N).
+template <typename OutT>
+inline void store_lane_pair(device OutT* dst, float v0, float v1, bool two, bool out_vec) {
+  if (two && out_vec) {
+    vec<OutT, 2> t;
+    t.x = OutT(v0);
+    t.y = OutT(v1);
+    *((device vec<OutT, 2>*)dst) = t;
+    return;
+  }
+  dst[0] = OutT(v0);
+  if (two) {
+    dst[1] = OutT(v1);
+  }
+}
+
 // One threadgroup computes a BM x 64 output tile. Threads: BM / 32 * 2 simdgroups. Each strip
 // of BK columns: the threadgroup decodes the (64, BK) weight sub-tile into threadgroup memory
 // (thread t decodes row t / (BK / 16), block t % (BK / 16)), then every simdgroup runs its
@@ -365,28 +435,8 @@ inline void w4a16_gemm_tile(
       threadgroup_barrier(mem_flags::mem_threadgroup);
     }
   } else {
-    // Prologue: strip s_begin into buffer 0. Then each step decodes strip s + 1 into the other
-    // buffer while the simdgroups multiply strip s; one barrier separates the steps.
-    if (w_fast && s_begin < full_strips) {
-      decode_own_scale<true, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);
-    } else {
-      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (int s = s_begin; s < s_end; ++s) {
-      if (s + 1 < s_end) {
-        threadgroup TT* dst = bs + ((s + 1 - s_begin) % 2) * kMetalBN * kLd + doff;
-        const int kb = (s + 1) * BK + dcol;
-        if (w_fast && s + 1 < full_strips) {
-          decode_own_scale<true, MX>(dst, w, scales, p, n0 + dn, kb);
-        } else {
-          decode_own_scale<false, MX>(dst, w, scales, p, n0 + dn, kb);
-        }
-      }
-      threadgroup const TT* src = bs + ((s - s_begin) % 2) * kMetalBN * kLd;
-      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);
-      threadgroup_barrier(mem_flags::mem_threadgroup);
-    }
+    gemm_strips_double_buffered<XT, BK, MX>(acc, bs, x, a, w, scales, p, n0, s_begin, s_end, w_fast, x_vec, tid,
+                                            fm, fn, sg_n);
   }
 
   // Epilogue: lane holds (row fm, cols fn and fn + 1) of each 8 x 8 fragment.
@@ -414,22 +464,11 @@ inline void w4a16_gemm_tile(
       const float v0 = finish_value(
           acc[i * kMetalSgFrags + j].thread_elements()[0], row, col, p, gscale, op0, op1, op2,
           op3);
-      if (col + 1 < p.n) {
-        const float v1 = finish_value(
-            acc[i * kMetalSgFrags + j].thread_elements()[1], row, col + 1, p, gscale, op0, op1,
-            op2, op3);
-        if (out_vec) {
-          vec<OutT, 2> t;
-          t.x = OutT(v0);
-          t.y = OutT(v1);
-          *((device vec<OutT, 2>*)(out + idx)) = t;
-        } else {
-          out[idx] = OutT(v0);
-          out[idx + 1] = OutT(v1);
-        }
-      } else {
-        out[idx] = OutT(v0);
-      }
+      const bool two = col + 1 < p.n;
+      const float v1 = two ? finish_value(acc[i * kMetalSgFrags + j].thread_elements()[1], row, col + 1, p,
+                                          gscale, op0, op1, op2, op3)
+                           : 0.0f;
+      store_lane_pair(out + idx, v0, v1, two, out_vec);
     }
   }
 }

@@ -50,6 +50,14 @@ FP4_FN constexpr int metal_gemv_rows(int mt) {
 // Fewer pairs (decode) keep one pair per threadgroup, so that the grid stays wide.
 FP4_CONST int kMetalGatherRun = 8;
 FP4_CONST int kMetalGatherRunMinPairs = 64;
+// ... and from kMetalGatherGemmMinRows pairs per expert on average, the gathered GEMM instead
+// (gather_w4a16_gemm: the BM = kMetalSmallBM, BK = kMetalSmallBK fused GEMM tile over consecutive
+// pairs, one pass per expert among them). The crossover is the simulator's count
+// (tests/metal_sim/gather_cost.py, benchmarks/results/metal/gather_cost.json): per pair and
+// weight, at 4 pairs per expert the GEMM executes 7.2 instructions and loads 1.6 device bytes
+// against 8.0 and 3.0 for the runs, at 32 pairs 1.4 and 0.36 against 5.1 and 2.3; at 2 pairs it
+// executes more (11.7 against 9.9). No Apple GPU has timed it.
+FP4_CONST int kMetalGatherGemmMinRows = 4;
 // Rows of x per GEMV threadgroup for M rows: 1, 2, 4, 8 or 16 (one threadgroup row up to
 // M = 16: each weight block is decoded once per threadgroup row).
 FP4_FN constexpr int metal_gemv_mt(int m) {

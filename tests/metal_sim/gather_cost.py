@@ -1,8 +1,10 @@
 """The gathered (MoE) Metal kernel's cost at a sorted prefill, counted as costmodel.py counts the
-dense kernels: executed instructions and device bytes of one dispatch, per pair and weight, with
-the sorted hint (runs of one expert within groups of kMetalGatherRun pairs, one GEMV pass each)
-and without it (one pass per pair). mlx-lm's layout: x [P, 1, K], rhs sorted, lhs the default;
-random top-k routing.
+dense kernels: executed instructions and device bytes of one dispatch, per pair and weight: one
+GEMV pass per pair (no hint), runs of one expert within groups of kMetalGatherRun pairs (one GEMV
+pass each), and the plan's choice with the sorted hint (the gathered GEMM from
+kMetalGatherGemmMinRows pairs per expert); then runs against the GEMM, both forced, over pairs
+per expert (the crossover). mlx-lm's layout: x [P, 1, K], rhs sorted, lhs the default; random
+top-k routing.
 
 Usage: python tests/metal_sim/gather_cost.py -> benchmarks/results/metal/gather_cost.json
 """
@@ -48,17 +50,18 @@ def sorted_prefill(seed=0, experts=EXPERTS, top_k=TOP_K, tokens=TOKENS, n=N, k=K
     return x, w_bytes, scales, np.arange(pairs, dtype=np.uint32), rhs
 
 
-def count(sim, work, problem, sorted_hint):
+def count(sim, work, problem, sorted_hint, force=None):
     """Counted instructions and device bytes of one dispatch, per pair and weight of an expert."""
     from test_metal_sim_gather import run_gather
 
     x, w_bytes, scales, lhs, rhs = problem
-    counts = Path(work) / f"counts-{int(sorted_hint)}.txt"
+    tag = f"{len(rhs)}-{int(sorted_hint)}-{force}"
+    counts = Path(work) / f"counts-{tag}.txt"
     os.environ["MSIM_COUNT_OUT"] = str(counts)  # the counting runner writes its counts there
     launch = {}
     try:
-        run_gather(sim, Path(work) / f"run-{int(sorted_hint)}", x=x, w_bytes=w_bytes, scales=scales, lhs=lhs,
-                   rhs=rhs, x_dtype=BF16, out_dtype=BF16, sorted_hint=sorted_hint, launch=launch)
+        run_gather(sim, Path(work) / f"run-{tag}", x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs,
+                   x_dtype=BF16, out_dtype=BF16, sorted_hint=sorted_hint, launch=launch, force=force)
     finally:
         del os.environ["MSIM_COUNT_OUT"]
     cls, mem = cm.read_counts(sim[1], counts)
@@ -70,13 +73,24 @@ def count(sim, work, problem, sorted_hint):
             "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
 
 
+# Pairs per expert of the crossover sweep (runs of 8 pairs vs the GEMM, both forced): tokens =
+# rows x EXPERTS / TOP_K.
+SWEEP_ROWS = (2, 4, 8, 16, 32)
+
+
 def compute(work=None):
     sim = counting_runner()
     work = Path(work or tempfile.mkdtemp(prefix="gather-cost"))
     problem = sorted_prefill()
+    sweep = []
+    for rows in SWEEP_ROWS:
+        p = sorted_prefill(tokens=rows * EXPERTS // TOP_K)
+        sweep.append({"pairs_per_expert": rows, "runs": count(sim, work, p, True, "runs"),
+                      "gemm": count(sim, work, p, True, "gemm")})
     return {"problem": {"experts": EXPERTS, "top_k": TOP_K, "tokens": TOKENS, "n": N, "k": K,
                         "x": "bf16", "out": "bf16", "mode": "nvfp4"},
-            "per_pair": count(sim, work, problem, False), "runs": count(sim, work, problem, True)}
+            "per_pair": count(sim, work, problem, False), "runs": count(sim, work, problem, True, "runs"),
+            "plan": count(sim, work, problem, True), "crossover": sweep}
 
 
 def main():

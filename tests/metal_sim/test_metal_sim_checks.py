@@ -29,19 +29,19 @@ SIM = Path(__file__).resolve().parent
 MUTATIONS = {
     "gemm_loop_barrier": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s0_xbf16_of32",
-        "      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
-        "      threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "      mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
-        "      // planted: barrier removed\n",
+        "    mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
+        "    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
+        "    mma_strip_at<XT, BK, TT>(acc, src, x, a, s * BK, p.k, s < full_strips, x_vec, fm, fn, sg_n);\n"
+        "    // planted: barrier removed\n",
     ),
     "gemm_prologue_barrier": (
         "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_of32",
-        "      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
-        "    }\n"
-        "    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
-        "      decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
-        "    }\n"
-        "    // planted: barrier removed\n",
+        "    decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
+        "  }\n"
+        "  threadgroup_barrier(mem_flags::mem_threadgroup);\n",
+        "    decode_own_scale<false, MX>(bs + doff, w, scales, p, n0 + dn, s_begin * BK + dcol);\n"
+        "  }\n"
+        "  // planted: barrier removed\n",
     ),
     "gemm_staged_scale_barrier": (
         "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_of32",

@@ -33,13 +33,16 @@ def gather_sim(embedded_msl):
     return plan, runner
 
 
+GATHER_KERNELS = {"pairs": 1, "runs": 2, "gemm": 3}  # fp4::GatherMetalKernel, as MLX_FP4_METAL_GATHER names them
+
+
 def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=(), mode=0,
-               sorted_hint=False, launch=None):
+               sorted_hint=False, launch=None, force=None):
     """x [B, M, K] numpy (representable in x_dtype), w_bytes uint8 [E, N, row], scales uint8
     [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 multipliers; epilogue:
     (name, operand array shaped for [P, M, N] or float, p1); sorted_hint: the op's sorted_indices
-    (gather_metal_run); launch: a dict that receives the plan's launch lines. Returns out
-    [P, M, N] float64."""
+    (gather_metal_run); launch: a dict that receives the plan's launch lines; force: a kernel of
+    GATHER_KERNELS instead of the plan's. Returns out [P, M, N] float64."""
     plan, runner = sim
     d.mkdir(parents=True, exist_ok=True)
     b, m, k = x.shape
@@ -54,7 +57,8 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
     spec = [f"pairs {pairs}", f"x_batches {b}", f"experts {e}", f"m {m}", f"n {n}", f"k {k}",
             f"w_row_bytes {row}", f"scale_row_bytes {scales.shape[2]}", f"x_dtype {x_dtype}",
             f"out_dtype {out_dtype}", f"has_gs {int(gs is not None)}",
-            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}", f"mode {mode}", f"sorted {int(sorted_hint)}"]
+            f"per_expert {int(gs is not None and np.ndim(gs) == 1)}", f"mode {mode}", f"sorted {int(sorted_hint)}",
+            f"force {GATHER_KERNELS[force] if force else 0}"]
     if gs is not None:
         files.append(d / "gs.bin")
         np.asarray(gs, np.float32).reshape(-1).tofile(files[-1])
@@ -75,8 +79,8 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
     launch.update(dict(line.split(" ", 1) for line in r.stdout.strip().splitlines()))
     binding = [int(v) for v in launch["binding"].split()]
     out_bytes = pairs * m * n * np.dtype(NP_DTYPE[out_dtype]).itemsize
-    ex = [f"kernel {launch['kernel']}", f"grid {launch['grid']} 1", f"threads {launch['threads']} 1 1",
-          "guard end", f"fc 0 bool {launch['aligned']}"]
+    ex = [f"kernel {launch['kernel']}", f"grid {launch['grid']} 1", f"threads {launch['threads']} 1 1", "guard end"]
+    ex += [f"fc {c.split(':')[0]} bool {c.split(':')[1]}" for c in launch["constants"].split()]
     for slot, src in enumerate(binding):
         if src == BIND_OUTPUT:
             ex.append(f"output {slot} {out_bytes} {d / 'out.bin'}")
@@ -150,15 +154,15 @@ def test_sorted_prefill_runs(gather_sim, tmp_path, mode):
     """mlx-lm's sorted prefill (x [P, 1, K], rhs sorted, lhs the default) from 64 pairs: threadgroups
     of 8 pairs, one GEMV pass per run of one expert with consecutive x matrices in them (8 rows,
     or fewer where experts change, where lhs are not consecutive, in the last partial group);
-    out-of-range pairs alone (NaN rows)."""
+    out-of-range pairs alone (NaN rows). 24 experts: fewer pairs per expert than the GEMM takes."""
     g = rng("metal-gather-runs", mode)
-    e, n, k, pairs = 4, 40, 96, 75
+    e, n, k, pairs = 24, 40, 96, 75
     w_bytes, scales = experts(g, e, n, k, mode=mode)
     x = g.standard_normal((pairs, 1, k)).astype(np.float32)
     x = np.array(mx.array(x).astype(mx.bfloat16).astype(mx.float32))
     rhs = np.sort(g.integers(0, e, size=pairs)).astype(np.uint32)
     rhs[:16] = 0  # runs 0 and 1 uniform
-    rhs[-3:] = 9  # out of range, in the last (partial) run
+    rhs[-3:] = 99  # out of range, in the last (partial) run
     lhs = np.arange(pairs, dtype=np.uint32)
     lhs[[9, 10]] = lhs[[10, 9]]  # run 1: one expert, x matrices not consecutive
     nvfp4 = mode == "nvfp4"
@@ -177,6 +181,78 @@ def test_sorted_prefill_runs(gather_sim, tmp_path, mode):
     y, bound = error_bound(acc, mag, k, TOLERANCES[(mx.bfloat16, mx.float32)],
                            ["silu", ("mul", gate[ok].astype(np.float64))], amax)
     assert_close(out[ok], y, bound, what=f"metal gather sorted runs {mode}")
+
+
+@pytest.mark.parametrize("mode,xd,od,hint_lies", [("nvfp4", BF16, F32, False), ("nvfp4", F16, BF16, True),
+                                                  ("mxfp4", BF16, F16, False)])
+def test_sorted_prefill_gemm(gather_sim, tmp_path, mode, xd, od, hint_lies):
+    """From kMetalGatherGemmMinRows pairs per expert (sorted hint, one row per pair): the gathered
+    GEMM, tiles of 64 consecutive pairs, one strip pass per expert among them. Tiles span several
+    experts, the last one is partial, N = 72 ends inside the second weight tile, K = 100 ends
+    inside a strip and a scale block; x rows through a permuted lhs; a bad lhs and out-of-range
+    experts give NaN rows; per-expert global scale (NVFP4), a bias and a full gate in the chain.
+    hint_lies: rhs not sorted although the hint says so (a run per change: slower, still exact)."""
+    g = rng("metal-gather-gemm", mode, xd, od, hint_lies)
+    e, n, k, pairs = 3, 72, 100, 150
+    w_bytes, scales = experts(g, e, n, k, mode=mode)
+    x = g.standard_normal((pairs, 1, k)).astype(np.float32)
+    x = np.array(mx.array(x).astype(MX_DTYPE[xd]).astype(mx.float32))
+    rhs = g.integers(0, e, size=pairs).astype(np.uint32)
+    rhs = rhs if hint_lies else np.sort(rhs)
+    rhs[-2:] = 7  # out of range, in the last (partial) tile
+    lhs = g.permutation(pairs).astype(np.uint32)
+    lhs[70] = 999  # past x
+    nvfp4 = mode == "nvfp4"
+    amax = g.uniform(10, 500, e).astype(np.float32) if nvfp4 else None
+    mult = None if amax is None else np.asarray(amax / np.float32(2688.0), np.float32)
+    gate = g.standard_normal((pairs, 1, n)).astype(np.float16)
+    bias = g.standard_normal(n).astype(np.float32)
+    chain = [("add", bias, None), ("silu", None, None), ("mul", gate, None)]
+    launch = {}
+    out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=xd,
+                     out_dtype=od, gs=mult, epilogue=chain, mode=0 if nvfp4 else 1, sorted_hint=True, launch=launch)
+    assert launch["kernel"].startswith("mlx_fp4_gather_gemm") and launch["grid"] == f"2 {(pairs + 63) // 64}"
+    bad = np.zeros(pairs, bool)
+    bad[[70, pairs - 2, pairs - 1]] = True
+    assert np.isnan(out[bad]).all()
+    ok = ~bad
+    acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs[ok], rhs[ok],
+                                                 None if amax is None else mx.array(amax), mode=mode)
+    ref_chain = [("add", bias), "silu", ("mul", gate[ok].astype(np.float64))]
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(MX_DTYPE[xd], MX_DTYPE[od])], ref_chain, amax)
+    assert_close(out[ok], y, bound, what=f"metal gathered GEMM {mode} x={xd} out={od}")
+
+
+def test_sorted_prefill_gemm_without_the_run_mask_fails(gather_sim, embedded_msl, tmp_path):
+    """The GEMM test above has teeth: with the rows of every run added into every row (the run mask
+    removed), a tile spanning two experts no longer matches the reference."""
+    plan, _ = gather_sim
+    old = "        if (local[fi] >= i && local[fi] < j) {\n"
+    assert embedded_msl.count(old) == 1, "the kernel source changed; update the snippet in this test"
+    lines = [ln for ln in subprocess.run([str(plan), "instantiations"], check=True, capture_output=True,
+                                         text=True).stdout.splitlines() if "gather_gemm" in ln and "_xbf16_of32" in ln]
+    mutant = simbuild.build_source_runner("gather-mutant", embedded_msl.replace(old, "        {  // planted\n"), lines)
+    g = rng("metal-gather-gemm-mutant")
+    e, n, k, pairs = 2, 64, 64, 128
+    w_bytes, scales = experts(g, e, n, k)
+    x = g.standard_normal((pairs, 1, k)).astype(np.float32)
+    x = np.array(mx.array(x).astype(mx.bfloat16).astype(mx.float32))
+    rhs = np.repeat(np.arange(e, dtype=np.uint32), pairs // e)
+    rhs[:32] = 0
+    rhs[32:96] = 1  # the first tile holds both experts
+    lhs = np.arange(pairs, dtype=np.uint32)
+    acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs, rhs)
+    y, bound = error_bound(acc, mag, k, TOLERANCES[(mx.bfloat16, mx.float32)])
+    for sim, good in ((gather_sim, True), ((plan, mutant), False)):
+        launch = {}
+        out = run_gather(sim, tmp_path / str(good), x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs,
+                         x_dtype=BF16, out_dtype=F32, sorted_hint=True, launch=launch)
+        assert launch["kernel"].startswith("mlx_fp4_gather_gemm")
+        if good:
+            assert_close(out, y, bound, what="the kernel")
+        else:
+            with pytest.raises(AssertionError):
+                assert_close(out, y, bound, what="mutant")
 
 
 def test_sorted_hint_below_the_run_threshold_keeps_one_pair_per_threadgroup(gather_sim, tmp_path):
@@ -236,7 +312,16 @@ def test_sorted_runs_cost_less_than_one_pass_per_pair(tmp_path):
     committed = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "metal" /
                             "gather_cost.json").read_text())
     assert doc == committed, "rerun python tests/metal_sim/gather_cost.py after a kernel change"
-    runs, per_pair = doc["runs"], doc["per_pair"]
+    runs, per_pair, plan = doc["runs"], doc["per_pair"], doc["plan"]
     assert runs["kernel"].endswith("_run8") and not per_pair["kernel"].endswith("_run8")
     assert runs["instructions_per_pair_weight"] < 0.6 * per_pair["instructions_per_pair_weight"]
     assert runs["device_bytes_per_pair_weight"] < 0.8 * per_pair["device_bytes_per_pair_weight"]
+    # The plan takes the GEMM here (32 pairs per expert); the rule's threshold is the sweep's
+    # first density where the GEMM counts fewer instructions and bytes than the runs.
+    assert plan["kernel"].startswith("mlx_fp4_gather_gemm")
+    assert plan["instructions_per_pair_weight"] < 0.3 * runs["instructions_per_pair_weight"]
+    first = next(c["pairs_per_expert"] for c in doc["crossover"]
+                 if c["gemm"]["instructions_per_pair_weight"] < c["runs"]["instructions_per_pair_weight"]
+                 and c["gemm"]["device_bytes_per_pair_weight"] < c["runs"]["device_bytes_per_pair_weight"])
+    tiling = (Path(__file__).resolve().parents[2] / "csrc" / "shared" / "tiling_metal.h").read_text()
+    assert f"kMetalGatherGemmMinRows = {first};" in tiling

@@ -3,6 +3,7 @@
 //
 //   gather_plan instantiations        the MSL lines eval_gpu may append (every dtype pair)
 //   gather_plan plan SPEC OUT_DIR     spec.txt keys -> OUT_DIR/params.bin; prints the launch
+//                                     (key "force": a fp4::GatherMetalKernel, 0 = the plan's)
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -14,8 +15,10 @@ int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "instantiations") {
     for (int x : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16})
-      for (int o : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16})
+      for (int o : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16}) {
         for (int run : {1, fp4::kMetalGatherRun}) std::cout << fp4::gather_metal_instantiation(x, o, run);
+        std::cout << fp4::gather_metal_gemm_instantiation(x, o);
+      }
     return 0;
   }
   if (cmd != "plan" || argc != 4) {
@@ -26,12 +29,12 @@ int main(int argc, char** argv) {
   fp4::GatherW4A16Problem g{};
   fp4::W4A16Problem& p = g.mm;
   // Scalar keys and where they go (ints of several widths: read as int64, then stored).
-  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0, sorted = 0;
+  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0, sorted = 0, force = 0;
   const std::map<std::string, int64_t*> fields = {
       {"pairs", &g.pairs}, {"x_batches", &g.x_batches}, {"experts", &g.experts}, {"m", &p.m}, {"n", &p.n},
       {"k", &p.k}, {"w_row_bytes", &p.w_row_bytes}, {"scale_row_bytes", &p.scale_row_bytes},
       {"per_expert", &multiplier_per_expert}, {"x_dtype", &x_dtype}, {"out_dtype", &out_dtype},
-      {"has_gs", &has_gs}, {"mode", &mode}, {"sorted", &sorted}};
+      {"has_gs", &has_gs}, {"mode", &mode}, {"sorted", &sorted}, {"force", &force}};
   std::string key;
   while (spec >> key) {
     if (auto it = fields.find(key); it != fields.end()) {
@@ -55,11 +58,15 @@ int main(int argc, char** argv) {
   p.mode = int(mode);  // fp4::Mode
   g.w_expert_bytes = p.n * p.w_row_bytes;
   g.scale_expert_bytes = p.n * p.scale_row_bytes;
-  const fp4::GatherMetalLaunch l = fp4::gather_metal_plan(g, fp4::MetalAddresses{});
+  // force: fp4::GatherMetalKernel (0 = the plan's choice)
+  const fp4::GatherMetalLaunch l =
+      fp4::gather_metal_plan(g, fp4::MetalAddresses{}, static_cast<fp4::GatherMetalKernel>(force));
   std::ofstream params(std::string(argv[3]) + "/params.bin", std::ios::binary);
   params.write(reinterpret_cast<const char*>(&l.params), sizeof(l.params));
   std::cout << "kernel " << l.kernel_name << "\ngrid " << l.grid_x << " " << l.grid_y << "\nthreads " << l.threads
-            << "\naligned " << (l.aligned ? 1 : 0) << "\nbinding";
+            << "\nconstants";
+  for (int i = 0; i < l.num_constants; ++i) std::cout << " " << l.constants[i].index << ":" << int(l.constants[i].value);
+  std::cout << "\nbinding";
   for (int b : l.binding) std::cout << " " << b;
   std::cout << "\n";
   return 0;
