@@ -31,3 +31,11 @@ def test_markdown_renders_gpu_rows():
     md = metal_report.markdown(doc)
     assert "1 of 2 checks pass" in md and "FAIL" in md and "| 4096x4096 | 1 | 20.0 | 30.0 | 1.50 | 400 |" in md
     assert "RuntimeError: y" in md
+
+
+def test_gathered_check_compares_against_an_independent_bound():
+    """The gathered check's plumbing on any machine: the CPU against itself is within the bound
+    (error 0), NaNs agree; the bound's magnitude is the sum |x| |w| of each pair's own expert."""
+    ratio, nan_ok = metal_report.check_gather_one(None, mx.bfloat16, stream=mx.cpu)
+    assert ratio == 0.0 and nan_ok
+    assert [k for k in metal_report.GATHER_KERNELS if k] == ["pairs", "runs", "gemm"]

@@ -10,9 +10,10 @@
    --no-decode skips it), its JSON next to this report.
 5. The MoE benchmark (python -m mlx_fp4.bench moe: Qwen3-30B-A3B MoE MLP at 1 and 16 tokens and a
    512-token sorted prefill, against mx.gather_qmm(mode="nvfp4") and bf16 mx.gather_mm; --no-moe
-   skips it): the Metal gathered kernel has no plan by expert (at sorted prefill, the pairs of one
-   expert within a group of 8 share one pass), so its prefill against MLX's grouped kernel is measured on a Mac
-   only.
+   skips it), then ours alone with the GEMV over runs of 8 pairs and with the gathered GEMM forced
+   (MLX_FP4_METAL_GATHER) at 16, 64 and 512 tokens (1, 4 and 32 pairs per expert): the simulator
+   put their crossover at 4 pairs per expert (docs/metal.md), which only a Mac can time. The
+   correctness part checks each gathered kernel forced too.
 
 Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
 saying so and what would run instead, and exits 0: the report is the result either way.
@@ -35,6 +36,11 @@ GEMV_MAX_M = 16  # the GEMV configurations take up to 16 rows (csrc/shared/tilin
 CHECK_SHAPES = [(1, 70, 37), (3, 64, 256), (8, 130, 200), (16, 96, 512), (70, 65, 37), (150, 128, 256)]
 GRID_M = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
 MOE_TOKENS = ["1", "16", "512"]  # decode, the plan path, a sorted prefill
+# The sorted prefill's gathered kernels forced in turn (MLX_FP4_METAL_GATHER) around the rule's
+# crossover (kMetalGatherGemmMinRows = 4 pairs per expert: 64 tokens of 128 experts, top-8).
+MOE_CROSSOVER_TOKENS = ["16", "64", "512"]
+GATHER_KERNELS = [None, "pairs", "runs", "gemm"]  # the plan's choice, then each forced
+GATHER_SHAPE = (8, 70, 200, 160)  # experts, N, K, pairs: a sorted prefill of 20 pairs per expert
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 # Relative error bound of a GPU result against the CPU one (fp32 output): accumulation order
 # only, first order K * 2^-24 of sum |x w|, times a safety factor of 4.
@@ -100,15 +106,56 @@ def check_one(m, n, k, dtype, config=None, route=None):
         gpu = _evaluated_under("MLX_FP4_METAL_ROUTE", route, gpu_run)
     else:
         gpu = _evaluated_under("MLX_FP4_METAL_KERNEL", config, gpu_run)
-    mx.eval(cpu, mag)
     # MLX's route rounds the product to x's dtype once (docs/metal.md)
     rounding = 2.0 ** -8 if route == "mlx" and dtype != mx.float32 else 0.0
+    return _error_over_bound(gpu, cpu, mag, k, rounding)
+
+
+def _error_over_bound(gpu, cpu, mag, k, rounding=0.0):
+    """(max |gpu - cpu| / bound, NaNs agree): the bound is SAFETY x (K 2^-24 + rounding) x mag."""
+    mx.eval(cpu, mag)
     g, c = np.array(gpu), np.array(cpu)
     bound = SAFETY * (k * 2.0 ** -24 + rounding) * np.array(mag) + 1e-30
     nan_ok = bool(np.array_equal(np.isnan(g), np.isnan(c)))
     with np.errstate(invalid="ignore"):
         ratio = np.abs(g - c) / bound
     return (float(np.nanmax(ratio)) if ratio.size else 0.0), nan_ok
+
+
+def check_gather_one(kernel, dtype, stream=None):
+    """check_one for the gathered op on a sorted prefill (GATHER_SHAPE, one row per pair), with
+    `kernel` forced (None: the plan's choice), on `stream` (default the GPU) against the CPU."""
+    import mlx_fp4
+
+    e, n, k, pairs = GATHER_SHAPE
+    g = np.random.default_rng([e, n, k, pairs])
+    w = mx.array(g.integers(0, 256, size=(e, n, (k + 1) // 2), dtype=np.uint8))
+    s = mx.array(g.integers(0x20, 0x48, size=(e, n, (k + 15) // 16), dtype=np.uint8))
+    x = mx.array(g.standard_normal((pairs, 1, k)).astype(np.float32)).astype(dtype)
+    rhs = mx.array(np.sort(g.integers(0, e, size=pairs)).astype(np.uint32))
+
+    def run(st):
+        return mlx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=True, out_dtype=mx.float32,
+                                           stream=st)
+
+    cpu = run(mx.cpu)
+    wabs = mx.abs(mlx_fp4.dequantize(w, s, k=k, dtype=mx.float32, stream=mx.cpu))[rhs]
+    mag = mx.matmul(mx.abs(x.astype(mx.float32)), wabs.swapaxes(-1, -2), stream=mx.cpu)
+    gpu = _evaluated_under("MLX_FP4_METAL_GATHER", kernel, lambda: run(stream or mx.gpu))
+    return _error_over_bound(gpu, cpu, mag, k)
+
+
+def gather_correctness():
+    rows = []
+    for kernel in GATHER_KERNELS:
+        for dname, dt in DTYPES.items():
+            config = f"gather_{kernel or 'auto'}"
+            try:
+                ratio, nan_ok = check_gather_one(kernel, dt)
+                rows.append({"config": config, "dtype": dname, "error_over_bound": ratio, "ok": ratio <= 1.0 and nan_ok})
+            except Exception as e:  # report, do not stop
+                rows.append({"config": config, "dtype": dname, "ok": False, "error": f"{type(e).__name__}: {e}"})
+    return rows
 
 
 def correctness():
@@ -173,7 +220,8 @@ def markdown(doc):
     bad = [r for r in c if not r["ok"]]
     out.append(f"\n## Correctness: {len(c) - len(bad)} of {len(c)} checks pass\n\n")
     out.append("forced kernel configurations (MLX_FP4_METAL_KERNEL), the automatic choice and the "
-               "route to MLX, each dtype, against mlx_fp4 on the CPU\n\n")
+               "route to MLX, and each gathered kernel forced (MLX_FP4_METAL_GATHER), each dtype, against "
+               "mlx_fp4 on the CPU\n\n")
     for r in bad[:20]:
         out.append(f"- FAIL {r}\n")
     out.append("\n## Speed vs mx.quantized_matmul(mode=\"nvfp4\"), bf16, same run\n\n")
@@ -186,7 +234,7 @@ def markdown(doc):
         out.append(f"| {r['n']}x{r['k']} | {r['m']} | {fmt(r['mlx_fp4_us'], 1)} | "
                    f"{fmt(r['mlx_nvfp4_us'], 1)} | {fmt(r['speedup_vs_mlx'], 2)} | "
                    f"{fmt(r['weight_gbps'], 0)} |\n")
-    for name in ("decode", "moe"):
+    for name in ("decode", "moe", "moe_runs", "moe_gemm"):
         if name in doc:
             out.append(f"\n{name.capitalize()} benchmark: exit code {doc[name]['exit_code']}, results in "
                        f"`{doc[name]['files']}`\n")
@@ -217,7 +265,7 @@ def main(argv=None) -> int:
         doc["note"] = ("No Apple GPU (Metal) in this MLX: nothing ran on a GPU. mlx_fp4 runs its CPU "
                        "kernels here; on a Mac this report checks and times the Metal kernels.")
     else:
-        doc["correctness"] = correctness()
+        doc["correctness"] = correctness() + gather_correctness()
         grid_nk = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
         cfg = timing.TimingConfig(repeats=5 if args.quick else 20, budget_s=10.0, max_products=128)
         mx.set_default_device(mx.gpu)
@@ -232,6 +280,12 @@ def main(argv=None) -> int:
 
             code = moe.main(["--device", "gpu", "--tokens", *MOE_TOKENS, "--budget", "3", "--out", args.out])
             doc["moe"] = {"exit_code": code, "files": os.path.join(args.out, "moe_gpu.*")}
+            for kernel in ("runs", "gemm"):  # the crossover of the sorted prefill's two kernels
+                out = os.path.join(args.out, f"moe_{kernel}")
+                code = _with_env("MLX_FP4_METAL_GATHER", kernel, lambda o=out: moe.main(
+                    ["--device", "gpu", "--tokens", *MOE_CROSSOVER_TOKENS, "--impls", "mlx_fp4", "--budget", "3",
+                     "--out", o]))
+                doc[f"moe_{kernel}"] = {"exit_code": code, "files": os.path.join(out, "moe_gpu.*")}
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, "metal_report")
     with open(base + ".json", "w") as f:
