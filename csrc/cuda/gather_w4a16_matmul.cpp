@@ -3,6 +3,7 @@
 // MLX's CUDA graph as CUfunction nodes.
 // Compiled by the C++ compiler (MLX's CUDA headers need fmt, see fmt_shim/), never by nvcc.
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "../gather_primitive.h"
@@ -113,9 +114,9 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   }
 
   // The plan's workspace comes from MLX's allocator (mlx_memory.h), back in its cache once run.
-  const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
-  mx::array ws({static_cast<int>(words)}, mx::int32, nullptr, {});
-  ws.set_data(cuda::device_data(ws.nbytes(), enc));
+  const int64_t rows = fp4::gather_out_rows(g);
+  const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, rows);
+  mx::array ws = cuda::device_array({static_cast<int>(words)}, mx::int32, enc);
   a.workspace = mx::gpu_ptr<int32_t>(ws);
   // Plan: reads the indices, writes the workspace (and NaN rows for out-of-range pairs).
   enc.set_input_array(inputs[kGatherLhs]);
@@ -124,38 +125,33 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   enc.set_output_array(out);
   const cuda::Launch plan = cuda::gather_plan_launch(g);
   enc.add_kernel_node_ex(plan.func, plan.grid, plan.block, {}, plan.smem, a);
-  const int64_t rows = fp4::gather_out_rows(g);
-  if (a.use_tc == cuda::kTcWgmma) {
-    // x rows gathered into the sorted order and permuted (the kernel's k order), then the kernel.
-    cuda::W4A16Args b = cuda::grouped_args(a);
-    const int64_t kp = cuda::wgmma_padded_k(g.mm.k);
-    mx::array xp = cuda::device_array({static_cast<int>(rows), static_cast<int>(kp)}, inputs[kGatherX].dtype(), enc);
-    cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(xp), rows, g.mm.k, kp, b.x_rows};
+  const bool wgmma = a.use_tc == cuda::kTcWgmma;
+  cuda::W4A16Args b = cuda::grouped_args(a);  // non-const: MLX takes the kernel arguments by pointer
+  // The wgmma kernel's x: its rows gathered into the sorted order and permuted (its k order).
+  const int64_t kp = wgmma ? cuda::wgmma_padded_k(g.mm.k) : 0;
+  std::optional<mx::array> xp;
+  if (wgmma) {
+    xp = cuda::device_array({static_cast<int>(rows), static_cast<int>(kp)}, inputs[kGatherX].dtype(), enc);
+    cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(*xp), rows, g.mm.k, kp, b.x_rows};
     enc.set_input_array(inputs[kGatherX]);
     enc.set_input_array(ws);
-    enc.set_output_array(xp);
+    enc.set_output_array(*xp);
     const cuda::Launch permute = cuda::wgmma_permute_launch(pa, g.mm.x_dtype);
     enc.add_kernel_node_ex(permute.func, permute.grid, permute.block, {}, permute.smem, pa);
-    cuda::WgmmaArgs wa;
-    cuda::wgmma_prepare_grouped(wa, b, pa.xp, rows, g.experts);
-    for (const auto& in : inputs) enc.set_input_array(in);
-    enc.set_input_array(ws);
-    enc.set_input_array(xp);
-    enc.set_output_array(out);
-    const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows, a.tile_rows);
-    const cuda::Launch run = cuda::wgmma_grouped_launch(g.mm, tiles);
-    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, wa);
-    enc.add_temporary(xp);
-    enc.add_temporary(ws);
-    return;
   }
   // GEMV over every active expert, or a tensor-core kernel over the plan's tiles.
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_input_array(ws);
+  if (wgmma) enc.set_input_array(*xp);
   enc.set_output_array(out);
-  if (a.use_tc == cuda::kTcStaged) {
-    cuda::W4A16Args b = cuda::grouped_args(a);  // non-const: MLX takes the kernel arguments by pointer
-    const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows);
+  const int64_t tiles = fp4::cuda_gather_tiling::max_tc_tiles(g.experts, rows, a.tile_rows);
+  if (wgmma) {
+    cuda::WgmmaArgs wa;
+    cuda::wgmma_prepare_grouped(wa, b, mx::gpu_ptr<void>(*xp), rows, g.experts);
+    const cuda::Launch run = cuda::wgmma_grouped_launch(g.mm, tiles);
+    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, wa);
+    enc.add_temporary(*xp);
+  } else if (a.use_tc == cuda::kTcStaged) {
     const cuda::Launch run = cuda::tc_grouped_launch(g.mm, cuda::device_info(device), tiles);
     enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, b);
   } else {

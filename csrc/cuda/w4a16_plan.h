@@ -90,11 +90,14 @@ inline bool parse_tc(const char* s, TcConfig& cfg) {
   return true;
 }
 
-// Warps per block splitting K in the staged kernel: doubled while the grid of `blocks` stays
-// within `warp_budget` warps and each warp keeps at least 4 steps of K per two-step stage.
-inline int staged_warps(int64_t blocks, int64_t nsteps, int64_t warp_budget) {
+// Warps per block splitting K: doubled while the grid of `blocks` stays within `warp_budget`
+// warps and K holds `min_steps` steps per warp before the doubling (staged kernel: 4 two-step
+// stages, kStagedMinSteps; register-prefetch kernel: 4 steps, kTcMinSteps).
+constexpr int64_t kTcMinSteps = 4;
+constexpr int64_t kStagedMinSteps = 4 * 2;
+inline int split_k_warps(int64_t blocks, int64_t nsteps, int64_t warp_budget, int64_t min_steps) {
   int kw = 1;
-  while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= 4 * kw * 2) kw *= 2;
+  while (kw < kMaxWarpsPerBlock && blocks * kw * 2 <= warp_budget && nsteps >= min_steps * kw) kw *= 2;
   return kw;
 }
 
@@ -118,12 +121,7 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   const int64_t nsteps = ceil_div(p.k, kStepK);
   const int warps_per_sm = one_row ? kStagedOneRowWarpsPerSm : staged_tile ? kStagedWarpsPerSm : kTcWarpsPerSm;
   const int64_t warp_budget = int64_t(dev.sm_count) * warps_per_sm;
-  if (staged_tile) {
-    c.kw = staged_warps(blocks, nsteps, warp_budget);
-  } else {
-    c.kw = 1;
-    while (c.kw < kMaxWarpsPerBlock && blocks * c.kw * 2 <= warp_budget && nsteps >= 4 * c.kw) c.kw *= 2;
-  }
+  c.kw = split_k_warps(blocks, nsteps, warp_budget, staged_tile ? kStagedMinSteps : kTcMinSteps);
   return c;
 }
 // wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, else 64) and K split (1 or 2,
@@ -184,10 +182,10 @@ inline TcConfig grouped_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& 
   TcConfig c{kMaxStagedColTiles, 2, 1};
   const int64_t blocks = max_tiles * ceil_div(p.n, kMmaRows * c.rt);
   const int64_t nsteps = ceil_div(p.k, kStepK);
-  c.kw = plan_detail::staged_warps(blocks, nsteps, int64_t(dev.sm_count) * kStagedWarpsPerSm);
+  c.kw = plan_detail::split_k_warps(blocks, nsteps, int64_t(dev.sm_count) * kStagedWarpsPerSm,
+                                    plan_detail::kStagedMinSteps);
   return c;
 }
-
 
 // Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
 // `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant | wgmma,

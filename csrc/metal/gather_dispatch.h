@@ -33,34 +33,10 @@ struct GatherMetalLaunch {
   int binding[kMetalGatherNumBuffers] = {};  // input index, kMetalBindOutput or kMetalBindParams
 };
 
-// `run`: pairs per threadgroup row, 1 or kMetalGatherRun (gather_metal_run).
-inline std::string gather_metal_kernel_name(int x_dtype, int out_dtype, int run = 1) {
-  return std::string("mlx_fp4_gather_gemv_x") + metal_dtype_tag(x_dtype) + "_o" + metal_dtype_tag(out_dtype) +
-         (run > 1 ? "_run" + std::to_string(run) : "");
-}
-
-inline std::string gather_metal_instantiation(int x_dtype, int out_dtype, int run = 1) {
-  const std::string fn = std::string("gather_w4a16_gemv<") + metal_type_name(x_dtype) + ", " +
-      metal_type_name(out_dtype) + ", " + std::to_string(run) + ">";
-  return "template [[host_name(\"" + gather_metal_kernel_name(x_dtype, out_dtype, run) + "\")]] [[kernel]] decltype(" +
-      fn + ") " + fn + ";\n";
-}
-
-// Pairs per threadgroup row: kMetalGatherRun for sorted prefill with one row per pair
-// (tiling_metal.h), else 1.
-inline int gather_metal_run(const GatherW4A16Problem& g) {
-  return g.sorted_rhs && g.mm.m == 1 && g.pairs >= kMetalGatherRunMinPairs ? kMetalGatherRun : 1;
-}
-
-// Whether the gathered GEMM (gather_w4a16_gemm) takes `g`: the runs' case (gather_metal_run) with
-// at least kMetalGatherGemmMinRows pairs per expert on average.
-inline bool gather_metal_gemm(const GatherW4A16Problem& g) {
-  return gather_metal_run(g) > 1 && g.pairs >= int64_t(kMetalGatherGemmMinRows) * g.experts;
-}
-
-// The gathered kernels: one pair per GEMV threadgroup, runs of kMetalGatherRun pairs, the GEMM.
-// MLX_FP4_METAL_GATHER=pairs|runs|gemm forces one (A/B timing on a Mac, the simulator's counts);
-// runs and gemm need one row per pair, else the plan's choice runs.
+// The gathered kernels: one pair per GEMV threadgroup (pairs), kMetalGatherRun consecutive pairs
+// per GEMV threadgroup split into runs of one expert (runs), or the GEMM tile over consecutive
+// pairs (gemm). MLX_FP4_METAL_GATHER=pairs|runs|gemm forces one (A/B timing on a Mac, the
+// simulator's counts); runs and gemm need one row per pair, else the plan's choice runs.
 enum class GatherMetalKernel : int { kAuto = 0, kPairs = 1, kRuns = 2, kGemm = 3 };
 
 inline GatherMetalKernel gather_metal_parse_kernel(const char* s) {
@@ -73,12 +49,16 @@ inline GatherMetalKernel gather_metal_parse_kernel(const char* s) {
                               v + "'.");
 }
 
+// The plan (tiling_metal.h): with the sorted hint, one row per pair and at least
+// kMetalGatherRunMinPairs pairs (mlx-lm's sorted prefill) the runs, and the GEMM from
+// kMetalGatherGemmMinRows pairs per expert on average; otherwise one pair per threadgroup.
 inline GatherMetalKernel gather_metal_kernel(const GatherW4A16Problem& g, GatherMetalKernel forced) {
   if (forced == GatherMetalKernel::kPairs || (forced != GatherMetalKernel::kAuto && g.mm.m == 1)) return forced;
-  if (gather_metal_gemm(g)) return GatherMetalKernel::kGemm;
-  return gather_metal_run(g) > 1 ? GatherMetalKernel::kRuns : GatherMetalKernel::kPairs;
+  if (!g.sorted_rhs || g.mm.m != 1 || g.pairs < kMetalGatherRunMinPairs) return GatherMetalKernel::kPairs;
+  return g.pairs >= int64_t(kMetalGatherGemmMinRows) * g.experts ? GatherMetalKernel::kGemm : GatherMetalKernel::kRuns;
 }
-// Its tile: the dense GEMM's small configuration, double-buffered, no split K.
+
+// The GEMM's tile: the dense GEMM's small configuration, double-buffered, no split K.
 inline MetalConfig gather_metal_gemm_config() {
   MetalConfig c;
   c.kernel = MetalKernel::kGemm;
@@ -89,17 +69,24 @@ inline MetalConfig gather_metal_gemm_config() {
   return c;
 }
 
-inline std::string gather_metal_gemm_kernel_name(int x_dtype, int out_dtype) {
-  const MetalConfig c = gather_metal_gemm_config();
-  return std::string("mlx_fp4_gather_gemm_bm") + std::to_string(c.bm) + "_bk" + std::to_string(c.bk) + "_x" +
-         metal_dtype_tag(x_dtype) + "_o" + metal_dtype_tag(out_dtype);
+// [[host_name]] and MSL template of one kernel (`kernel` not kAuto).
+inline std::string gather_metal_kernel_name(int x_dtype, int out_dtype, GatherMetalKernel kernel) {
+  const std::string dtypes = std::string("_x") + metal_dtype_tag(x_dtype) + "_o" + metal_dtype_tag(out_dtype);
+  if (kernel == GatherMetalKernel::kGemm) {
+    const MetalConfig c = gather_metal_gemm_config();
+    return "mlx_fp4_gather_gemm_bm" + std::to_string(c.bm) + "_bk" + std::to_string(c.bk) + dtypes;
+  }
+  return "mlx_fp4_gather_gemv" + dtypes + (kernel == GatherMetalKernel::kRuns ? "_run" + std::to_string(kMetalGatherRun) : "");
 }
 
-inline std::string gather_metal_gemm_instantiation(int x_dtype, int out_dtype) {
+inline std::string gather_metal_instantiation(int x_dtype, int out_dtype, GatherMetalKernel kernel) {
+  const std::string types = std::string(metal_type_name(x_dtype)) + ", " + metal_type_name(out_dtype) + ", ";
   const MetalConfig c = gather_metal_gemm_config();
-  const std::string fn = std::string("gather_w4a16_gemm<") + metal_type_name(x_dtype) + ", " +
-      metal_type_name(out_dtype) + ", " + std::to_string(c.bm) + ", " + std::to_string(c.bk) + ">";
-  return "template [[host_name(\"" + gather_metal_gemm_kernel_name(x_dtype, out_dtype) + "\")]] [[kernel]] decltype(" +
+  const std::string fn =
+      kernel == GatherMetalKernel::kGemm
+          ? "gather_w4a16_gemm<" + types + std::to_string(c.bm) + ", " + std::to_string(c.bk) + ">"
+          : "gather_w4a16_gemv<" + types + std::to_string(kernel == GatherMetalKernel::kRuns ? kMetalGatherRun : 1) + ">";
+  return "template [[host_name(\"" + gather_metal_kernel_name(x_dtype, out_dtype, kernel) + "\")]] [[kernel]] decltype(" +
       fn + ") " + fn + ";\n";
 }
 
@@ -140,8 +127,6 @@ inline GatherMetalLaunch gather_metal_plan(const GatherW4A16Problem& g, const Me
     l.grid_x = uint32_t(dense.params.tiles_n);
     l.grid_y = uint32_t((g.pairs + gemm_cfg.bm - 1) / gemm_cfg.bm);
     l.threads = uint32_t(metal_gemm_threads(gemm_cfg.bm));
-    l.kernel_name = gather_metal_gemm_kernel_name(p.x_dtype, p.out_dtype);
-    l.instantiation = gather_metal_gemm_instantiation(p.x_dtype, p.out_dtype);
   } else {
     // Weight-row tiles of the simdgroups' metal_gemv_rows(run) rows; pair runs.
     const int run = kernel == GatherMetalKernel::kRuns ? kMetalGatherRun : 1;
@@ -150,9 +135,9 @@ inline GatherMetalLaunch gather_metal_plan(const GatherW4A16Problem& g, const Me
     l.grid_x = uint32_t(l.params.mm.tiles_n);
     l.grid_y = uint32_t((g.pairs + run - 1) / run);
     l.threads = uint32_t(kMetalGemvThreads);
-    l.kernel_name = gather_metal_kernel_name(p.x_dtype, p.out_dtype, run);
-    l.instantiation = gather_metal_instantiation(p.x_dtype, p.out_dtype, run);
   }
+  l.kernel_name = gather_metal_kernel_name(p.x_dtype, p.out_dtype, kernel);
+  l.instantiation = gather_metal_instantiation(p.x_dtype, p.out_dtype, kernel);
   for (int s = 0; s < kMetalNumBuffers; ++s) l.binding[s] = dense.binding[s];
   // The dense binding counts optional inputs from its own first optional slot; shift them.
   const int shift = kMetalGatherInputFirstOptional - kMetalInputFirstOptional;

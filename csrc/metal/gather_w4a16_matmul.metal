@@ -5,7 +5,7 @@
 // same decode and reduction order) on the pair's expert and x matrix, one row of x at a time;
 // for sorted prefill a threadgroup per kMetalGatherRun pairs, one pass per run of one expert in
 // them (tiling_metal.h).
-// Sorted prefill with enough rows per expert (gather_metal_gemm): gather_w4a16_gemm, the dense
+// Sorted prefill with enough rows per expert (gather_metal_kernel): gather_w4a16_gemm, the dense
 // fused GEMM's tile (w4a16_matmul.metal) over BM consecutive pairs, once per expert among them.
 // Out-of-range indices: the pair's outputs are NaN and nothing is read through them.
 // The GEMV kernel: registers only, no threadgroup memory or barrier. The file must stay ASCII.

@@ -41,7 +41,7 @@ def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=N
     """x [B, M, K] numpy (representable in x_dtype), w_bytes uint8 [E, N, row], scales uint8
     [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 multipliers; epilogue:
     (name, operand array shaped for [P, M, N] or float, p1); sorted_hint: the op's sorted_indices
-    (gather_metal_run); launch: a dict that receives the plan's launch lines; force: a kernel of
+    (gather_metal_kernel); launch: a dict that receives the plan's launch lines; force: a kernel of
     GATHER_KERNELS instead of the plan's. Returns out [P, M, N] float64."""
     plan, runner = sim
     d.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,9 @@ int main(int argc, char** argv) {
   if (cmd == "instantiations") {
     for (int x : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16})
       for (int o : {fp4::kDtypeF32, fp4::kDtypeF16, fp4::kDtypeBF16}) {
-        for (int run : {1, fp4::kMetalGatherRun}) std::cout << fp4::gather_metal_instantiation(x, o, run);
-        std::cout << fp4::gather_metal_gemm_instantiation(x, o);
+        for (auto k : {fp4::GatherMetalKernel::kPairs, fp4::GatherMetalKernel::kRuns, fp4::GatherMetalKernel::kGemm}) {
+          std::cout << fp4::gather_metal_instantiation(x, o, k);
+        }
       }
     return 0;
   }
