@@ -169,9 +169,11 @@ step_moe() {
     echo "== MLX_FP4_CUDA_GATHER_PATH=$path"
     MLX_FP4_CUDA_GATHER_PATH=$path "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_gather.py || rc=1
   done
-  echo "== MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=simt"
-  MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=simt "$PY" -m pytest -q -p no:cacheprovider --tb=short -rf \
-    tests/test_gather.py || rc=1
+  for pairs in decode simt; do
+    echo "== MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=$pairs"
+    MLX_FP4_CUDA_GATHER_PATH=pairs MLX_FP4_CUDA_GATHER_PAIRS=$pairs "$PY" -m pytest -q -p no:cacheprovider --tb=short \
+      -rf tests/test_gather.py || rc=1
+  done
   "$PY" -m mlx_fp4.bench moe --device gpu ${BENCH_MOE_ARGS:---budget 5 --repeats 10} --out "$OUT/moe" || rc=1
   return $rc
 }

@@ -233,3 +233,13 @@ def test_gather_wgmma_rows_rule(driver):
     assert driver("gather_wgmma 300 3") == [("1", "8")]  # ceil(300 / 64) + 3
     assert driver("gather_wgmma 0 0")[0][0] == "0"
     assert driver(f"gather_wgmma {64 * 70000} 1")[0][0] == "0"  # tiles past grid y's 65535
+
+
+def test_gather_decode_rules(driver):
+    """The gathered op's decode without a plan (docs/moe.md): up to 128 rows of x in all (16
+    tokens of top-8, where the batched pair kernel beat the plan and the grouped staged kernel),
+    and the decode GEMV's shape 0 at every K: four rows per warp, four warps per block, every
+    lane busy in its first step from K = 2048 (of the shapes the harness timed at 1-16 tokens,
+    none beat it at K = 2048)."""
+    assert driver("gather_decode 2048") == [("0", "2048", "16", "128")]
+    assert driver("gather_decode 768") == [("0", "2048", "16", "128")]

@@ -141,10 +141,11 @@ def test_decode_dense_kernel_shapes(device, dtype, k, m):
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("k,n", [(2048, 37), (2080, 16), (4096, 5)])
 def test_decode_gemv_shapes(device, dtype, k, n):
-    """Decode shapes the CUDA backend runs on its decode GEMV (one row of x per pair, K >= 2048,
-    K % 32 == 0): rows past N in the last warp, a last group of chunks that only some lanes
-    reach (2080 = 65 chunks), per-expert global scales, a per-row bias and a full gate; on CUDA
-    also a lazy out-of-range expert (a NaN row, nothing read)."""
+    """Decode shapes of the CUDA backend's decode GEMV (one row of x per pair, K >= 2048,
+    K % 32 == 0; it runs 2080 by default, 2048 and 4096 where the batched tensor-core kernel is
+    turned off, MLX_FP4_CUDA_GATHER_PAIRS=decode): rows past N in the last warp, a last group of
+    chunks that only some lanes reach (2080 = 65 chunks), per-expert global scales, a per-row bias
+    and a full gate; on CUDA also a lazy out-of-range expert (a NaN row, nothing read)."""
     g = rng("decode-gemv", k, n, str(dtype))
     e, t, top = 5, 2, 3
     w, s = experts(e, n, k, g)

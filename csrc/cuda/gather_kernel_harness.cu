@@ -53,10 +53,16 @@ DeviceInfo g_dev;
 // kernels (wgmma forced where it can run: elsewhere the glue's next choice runs under its name).
 enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc, kTcStaged, kTcWgmma };
 
-// The glue's choice for `g` (gather_kernel_for, then gather_tc_for's rows rule for wgmma).
-Kind kind_of(const fp4::GatherW4A16Problem& g) {
+// The glue's choice for `a` (gather_kernel_for, gather_pair_kernel_for, then gather_tc_for's
+// rows rule for wgmma).
+Kind kind_of(const GatherArgs& a) {
+  const fp4::GatherW4A16Problem& g = a.g;
   const GatherKernel k = gather_kernel_for(g);
-  if (k != GatherKernel::kTc) return k == GatherKernel::kPairs ? Kind::kDecode : Kind::kGemv;
+  if (k == GatherKernel::kPairs) {
+    const PairKernel pk = gather_pair_kernel_for(a, vector_loads_ok(g.mm, a.x, a.w), g_dev);
+    return pk == PairKernel::kBatchedTc ? Kind::kPairsTc : pk == PairKernel::kDecode ? Kind::kDecode : Kind::kPairs;
+  }
+  if (k != GatherKernel::kTc) return Kind::kGemv;
   const bool wgmma = g_dev.wgmma && fp4::cuda_gather_tiling::gather_wgmma_rows_ok(fp4::gather_out_rows(g), g.experts);
   return wgmma ? Kind::kTcWgmma : Kind::kTcStaged;
 }
@@ -117,6 +123,7 @@ struct Problem {
   }
 
   Kind kernel = Kind::kGemv;
+  int decode_shape = -1;  // the decode GEMV's kDecodeShapes index (-1: decode_shape_for)
 
   // Uploads the inputs and the workspace; `k` picks the kernel.
   void upload(Kind k) {
@@ -145,10 +152,7 @@ struct Problem {
   }
 
   // The batched dense kernel's launch for this problem (func null where it does not apply).
-  Launch batched() const {
-    const bool ok = staged_loads_ok(g.mm, a.x, a.w, a.scales);
-    return ok ? tc_batched_launch(g.mm, g_dev, true, g.pairs) : Launch{};
-  }
+  Launch batched() const { return gather_batched_launch(a, g_dev); }
 
   // The launches of the MLX glue (gather_w4a16_matmul.cpp) for the chosen kernel.
   void launch(cudaStream_t st) {
@@ -163,7 +167,7 @@ struct Problem {
     }
     if (kernel == Kind::kDecode || kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
       // Where the decode GEMV does not apply, "decode" is the glue's next choice (batched tensor cores).
-      if (kernel == Kind::kDecode && !gather_decode_ok(g, vec)) {
+      if (kernel == Kind::kDecode && !gather_decode_ok(a, vec, decode_shape)) {
         const Launch l = batched();
         if (l.func) {
           W4A16Args b = batched_args(a);
@@ -171,7 +175,7 @@ struct Problem {
           return;
         }
       }
-      run(gather_pairs_launch(g, vec, kernel == Kind::kDecode), a, st);
+      run(gather_pairs_launch(a, vec, kernel == Kind::kDecode, decode_shape), a, st);
       return;
     }
     run(gather_plan_launch(g), a, st);
@@ -220,7 +224,8 @@ constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs,     Kind::kPairsTc, Ki
                              Kind::kTc,     Kind::kTcStaged, Kind::kTcWgmma};
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
-void check(const std::string& name, Problem& pr, Kind kernel) {
+void check(const std::string& name, Problem& pr, Kind kernel, int decode_shape = -1) {
+  pr.decode_shape = decode_shape;
   pr.upload(kernel);
   pr.launch(0);
   CK(cudaDeviceSynchronize());
@@ -253,8 +258,10 @@ void check(const std::string& name, Problem& pr, Kind kernel) {
         bad += !(std::fabs(got - acc * c) <= tol);
       }
   }
-  const bool wgmma_ran = kernel != Kind::kTcWgmma || pr.a.use_tc == kTcWgmma;
-  std::printf("check %-32s %-8s%s pairs %4lld  %s\n", name.c_str(), kernel_name(kernel), wgmma_ran ? "" : " (n/a)",
+  const bool decode_ran = decode_shape < 0 || gather_decode_ok(pr.a, vector_loads_ok(g.mm, pr.a.x, pr.a.w), decode_shape);
+  const bool ran = (kernel != Kind::kTcWgmma || pr.a.use_tc == kTcWgmma) && decode_ran;
+  const std::string label = decode_shape < 0 ? kernel_name(kernel) : "decode-s" + std::to_string(decode_shape);
+  std::printf("check %-32s %-8s%s pairs %4lld  %s\n", name.c_str(), label.c_str(), ran ? "" : " (n/a)",
               (long long)g.pairs, bad ? "FAILED" : "ok");
   if (bad) {
     std::printf("  %lld bad outputs\n", (long long)bad);
@@ -325,6 +332,24 @@ void run_checks() {
       check("grouped unsorted, K = 768", p, tc);
     }
   }
+  // Every decode GEMV shape forced: a partial last step (K = 2080: 65 chunks) with rows past N and
+  // an out-of-range pair; K = 3072 (several steps) with N = 50; K = 768 (the down projection).
+  for (int shape = 0; shape < fp4::cuda_gather_tiling::kNumDecodeShapes; ++shape) {
+    {
+      std::vector<uint32_t> l = iota_u32(6, 3), r = random_experts(6, 5, false, rng);
+      r[3] = 5;
+      Problem p(5, 37, 2080, 1, 2, l, r, true, rng);
+      check("decode shapes, K = 2080, N = 37", p, Kind::kDecode, shape);
+    }
+    {
+      Problem p(6, 50, 3072, 1, 2, iota_u32(8, 4), random_experts(8, 6, false, rng), false, rng);
+      check("decode shapes, K = 3072, N = 50", p, Kind::kDecode, shape);
+    }
+    {
+      Problem p(4, 24, 768, 1, 3, iota_u32(6, 2), random_experts(6, 4, false, rng), true, rng);
+      check("decode shapes, K = 768, N = 24", p, Kind::kDecode, shape);
+    }
+  }
 }
 
 __global__ void read_kernel(const uint4* const* rows, int64_t n_rows, int64_t row_words, uint32_t* sink) {
@@ -390,7 +415,7 @@ void run_bench() {
       Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
                 routes[0], true, rng);
       p.upload(Kind::kGemv);
-      const Kind planned = kind_of(p.g);
+      const Kind planned = kind_of(p.a);
       std::vector<uint32_t*> d_routes;
       for (auto& r : routes) d_routes.push_back(to_device(r));
       // Every kernel at every point (the plan's crossovers come from these lines).
@@ -426,6 +451,20 @@ void run_bench() {
       }, 2 * kRoutings, st);
       const double mean_rows = std::accumulate(n_rows.begin(), n_rows.end(), 0.0) / kRoutings;
       const double read_gbps = mean_rows * p.g.mm.w_row_bytes / read_us / 1e3;
+      // Every decode GEMV shape where it runs this point (decode_shape_for picks from these lines).
+      for (int shape = 0; shape < fp4::cuda_gather_tiling::kNumDecodeShapes && tokens <= 16; ++shape) {
+        p.use(Kind::kDecode);
+        p.decode_shape = shape;
+        if (!gather_decode_ok(p.a, vector_loads_ok(p.g.mm, p.a.x, p.a.w), shape)) continue;
+        const double us = graph_us([&](int i) {
+          p.a.rhs = d_routes[i % kRoutings];
+          p.launch(st);
+        }, 2 * kRoutings, st);
+        std::printf("bench,%lld,%lld,%lld,decode-s%d,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,
+                    (long long)tokens, shape, us, active / 1e6, active / us / 1e3, read_gbps,
+                    100 * (active / us / 1e3) / read_gbps);
+      }
+      p.decode_shape = -1;
       for (int kk = 0; kk < kNumKernels; ++kk) {
         const double gbps = active / us_of[kk] / 1e3;
         std::printf("bench,%lld,%lld,%lld,%s%s,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,

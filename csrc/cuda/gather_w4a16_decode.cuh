@@ -1,10 +1,10 @@
 // Decode GEMV of the gathered W4A16 matmul (one row of x per pair, bf16/fp16 x, K a multiple of
-// 32, 16-byte aligned rows): no plan, grid (weight-row tiles, pairs). A warp owns
-// kDecodeRowsPerWarp weight rows of its pair's expert and issues every load of a group of
-// kDecodeChunksPerLane 32-value chunks per lane (weights, scales, x) before any math, so each
-// warp keeps several kilobytes in flight: at one token the layer reads a few MB spread over a few
-// thousand rows, and the SIMT row pass (one chunk in flight per lane) ran at ~15% of the read rate.
-// Included by gather_w4a16_matmul.cu only.
+// 32, 16-byte aligned rows): no plan, grid (weight-row tiles, pairs). The launch shape is one of
+// kDecodeShapes (gather_tiling_cuda.h): lane groups of `lanes` lanes own `rows` weight rows of the
+// pair's expert, and each lane issues every load of `chunks` 32-value chunks (weights, scales, x)
+// before any math, so that each SM keeps tens of kilobytes in flight: at one token the layer
+// reads a few MB over a few thousand rows, and one chunk in flight per lane ran at ~15% of the
+// read rate. Included by gather_w4a16_matmul.cu only.
 #pragma once
 #include "gather_w4a16_plan.cuh"
 
@@ -12,23 +12,29 @@ namespace mlx_fp4 {
 namespace cuda {
 namespace {
 
-using fp4::cuda_gather_tiling::kDecodeChunksPerLane;
-using fp4::cuda_gather_tiling::kDecodeRowsPerWarp;
-using fp4::cuda_gather_tiling::kDecodeWarps;
+// The chunk's two NVFP4 scale bytes (low byte first) in one 2-byte load, or MXFP4's one byte
+// (K % 32 == 0 keeps the NVFP4 pair 2-byte aligned).
+template <int Mode>
+__device__ __forceinline__ uint32_t chunk_scale_bits(const uint8_t* s, int64_t c) {
+  if constexpr (fp4::block_size(Mode) == 16) return __ldg(reinterpret_cast<const uint16_t*>(s) + c);
+  return __ldg(s + c);
+}
 
-template <typename XT, int Mode>
-__global__ void __launch_bounds__(kDecodeWarps * 32) gather_decode_kernel(const GatherArgs a) {
-  constexpr int RW = kDecodeRowsPerWarp, J = kDecodeChunksPerLane;
-  constexpr int kBlocksPerChunk = 16 / (fp4::block_size(Mode) / fp4::kValuesPerByte);  // 2 NVFP4, 1 MXFP4
+template <typename XT, int Mode, int Shape>
+__global__ void __launch_bounds__(fp4::cuda_gather_tiling::kDecodeShapes[Shape].warps * 32)
+    gather_decode_kernel(const GatherArgs a) {
+  constexpr fp4::cuda_gather_tiling::DecodeShape D = fp4::cuda_gather_tiling::kDecodeShapes[Shape];
+  constexpr int L = D.lanes, RW = D.rows, J = D.chunks, kGroups = 32 / L;
+  constexpr bool kTwoBlocks = fp4::block_size(Mode) == 16;  // two NVFP4 scales per chunk, one MXFP4
   const int64_t N = a.g.mm.n, K = a.g.mm.k;
   const int64_t wrb = a.g.mm.w_row_bytes, srb = a.g.mm.scale_row_bytes;
-  const int lane = threadIdx.x & 31;
-  const int64_t n0 = (int64_t(blockIdx.x) * kDecodeWarps + (threadIdx.x >> 5)) * RW;
-  if (n0 >= N) return;
+  const int lane = threadIdx.x & 31, sub = lane % L;
+  const int64_t warp_row = (int64_t(blockIdx.x) * D.warps + (threadIdx.x >> 5)) * kGroups * RW;
+  if (warp_row >= N) return;  // warp-uniform: the shuffles below need every lane of the warp
+  const int64_t n0 = warp_row + int64_t(lane / L) * RW;
   const int64_t p = blockIdx.y;
-  const W4A16Args ep = epilogue_view(a);
   if (!pair_ok(a, p)) {  // out of range: NaN rows, nothing read
-    if (lane < RW && n0 + lane < N) store_from_float(a.out, a.g.mm.out_dtype, p * N + n0 + lane, __int_as_float(0x7FC00000));
+    if (sub < RW && n0 + sub < N) store_from_float(a.out, a.g.mm.out_dtype, p * N + n0 + sub, __int_as_float(0x7FC00000));
     return;
   }
   const int64_t e = a.rhs[p];
@@ -43,19 +49,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gather_decode_kernel(const 
 #pragma unroll
   for (int r = 0; r < RW; ++r) acc[r] = 0.0f;
   const int64_t nchunks = K / 32;
-  for (int64_t c0 = 0; c0 < nchunks; c0 += 32 * J) {
+  for (int64_t c0 = 0; c0 < nchunks; c0 += L * J) {
     uint4 wv[RW][J];
-    uint32_t sb[RW][J];  // the chunk's scale bytes (two NVFP4 blocks: low byte first)
+    uint32_t sb[RW][J];
     uint4 xv[J][4];
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      const int64_t c = c0 + lane + 32 * j;
+      const int64_t c = c0 + sub + L * j;
       const bool live = c < nchunks;
 #pragma unroll
       for (int r = 0; r < RW; ++r) {
         wv[r][j] = live ? load_stream16(w + row[r] * wrb + c * 16) : make_uint4(0, 0, 0, 0);
-        const uint8_t* sr = s + row[r] * srb + kBlocksPerChunk * c;
-        sb[r][j] = live ? (kBlocksPerChunk == 2 ? uint32_t(sr[0]) | (uint32_t(sr[1]) << 8) : uint32_t(sr[0])) : 0u;
+        sb[r][j] = live ? chunk_scale_bits<Mode>(s + row[r] * srb, c) : 0u;
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q) xv[j][q] = live ? load_cached16(x + c * 32 + 8 * q) : make_uint4(0, 0, 0, 0);
@@ -68,7 +73,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gather_decode_kernel(const 
 #pragma unroll
       for (int r = 0; r < RW; ++r) {
         sc[r][j][0] = fp4::scale_to_float(Mode, sb[r][j] & 0xFFu);
-        sc[r][j][1] = kBlocksPerChunk == 2 ? fp4::scale_to_float(Mode, sb[r][j] >> 8) : sc[r][j][0];
+        sc[r][j][1] = kTwoBlocks ? fp4::scale_to_float(Mode, sb[r][j] >> 8) : sc[r][j][0];
       }
     }
 #pragma unroll
@@ -93,16 +98,17 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gather_decode_kernel(const 
       }
     }
   }
+  // Sums within each lane group (aligned groups of L lanes: the xor stays inside).
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+    for (int off = L / 2; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
   }
-  // Lane r stores row r (every lane holds every sum).
+  // Lane r of a group stores its row r (every lane of the group holds every sum).
 #pragma unroll
   for (int r = 0; r < RW; ++r) {
-    if (lane == r && n0 + r < N) {
-      store_from_float(a.out, a.g.mm.out_dtype, p * N + n0 + r, finish(ep, acc[r], p, n0 + r, mult));
+    if (sub == r && n0 + r < N) {
+      store_from_float(a.out, a.g.mm.out_dtype, p * N + n0 + r, gather_finish(a, acc[r], p, n0 + r, mult));
     }
   }
 }

@@ -13,7 +13,7 @@ namespace {
 // R rows of x (pointers xr) against weight row n of one expert; lane 0 stores the first `live`
 // rows at out_row.
 template <typename XT, bool kVec, int R, int Mode>
-__device__ __forceinline__ void rows_pass(const GatherArgs& a, const W4A16Args& ep, const XT* const (&xr)[R],
+__device__ __forceinline__ void rows_pass(const GatherArgs& a, const XT* const (&xr)[R],
                                           const int64_t (&out_row)[R], int live, const uint8_t* wrow,
                                           const uint8_t* srow, int64_t n, float mult) {
   float acc[R];
@@ -22,7 +22,7 @@ __device__ __forceinline__ void rows_pass(const GatherArgs& a, const W4A16Args& 
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r < live) {
-        store_from_float(a.out, a.g.mm.out_dtype, out_row[r] * a.g.mm.n + n, finish(ep, acc[r], out_row[r], n, mult));
+        store_from_float(a.out, a.g.mm.out_dtype, out_row[r] * a.g.mm.n + n, gather_finish(a, acc[r], out_row[r], n, mult));
       }
     }
   }
@@ -30,7 +30,7 @@ __device__ __forceinline__ void rows_pass(const GatherArgs& a, const W4A16Args& 
 
 // Rows [r0, r0 + R) of one expert group (clamped to the last row; extra rows are not stored).
 template <typename XT, bool kVec, int R, int Mode>
-__device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args& ep, const PlanView& v,
+__device__ __forceinline__ void group_pass(const GatherArgs& a, const PlanView& v,
                                            int64_t first, int64_t rows, int64_t r0, const uint8_t* wrow,
                                            const uint8_t* srow, int64_t n, float mult) {
   const int64_t M = a.g.mm.m, K = a.g.mm.k;
@@ -44,7 +44,7 @@ __device__ __forceinline__ void group_pass(const GatherArgs& a, const W4A16Args&
     out_row[r] = pair * M + i % M;
   }
   const int64_t left = rows - r0;
-  rows_pass<XT, kVec, R, Mode>(a, ep, xr, out_row, left < R ? int(left) : R, wrow, srow, n, mult);
+  rows_pass<XT, kVec, R, Mode>(a, xr, out_row, left < R ? int(left) : R, wrow, srow, n, mult);
 }
 
 // Decode without a plan: grid (weight-row tiles, pairs); a warp computes one weight row of its
@@ -54,7 +54,6 @@ __global__ void __launch_bounds__(kWarps * 32) gather_pairs_kernel(const GatherA
   const int64_t N = a.g.mm.n, M = a.g.mm.m, K = a.g.mm.k;
   const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= N) return;
-  const W4A16Args ep = epilogue_view(a);
   for (int64_t p = blockIdx.y; p < a.g.pairs; p += gridDim.y) {
     if (!pair_ok(a, p)) {
       if ((threadIdx.x & 31) == 0) {
@@ -73,12 +72,12 @@ __global__ void __launch_bounds__(kWarps * 32) gather_pairs_kernel(const GatherA
       int64_t out_row[kRowsPerPass];
 #pragma unroll
       for (int r = 0; r < kRowsPerPass; ++r) xr[r] = x0 + (r0 + r) * K, out_row[r] = p * M + r0 + r;
-      rows_pass<XT, kVec, kRowsPerPass, Mode>(a, ep, xr, out_row, kRowsPerPass, wrow, srow, n, mult);
+      rows_pass<XT, kVec, kRowsPerPass, Mode>(a, xr, out_row, kRowsPerPass, wrow, srow, n, mult);
     }
     for (; r0 < M; ++r0) {
       const XT* xr[1] = {x0 + r0 * K};
       const int64_t out_row[1] = {p * M + r0};
-      rows_pass<XT, kVec, 1, Mode>(a, ep, xr, out_row, 1, wrow, srow, n, mult);
+      rows_pass<XT, kVec, 1, Mode>(a, xr, out_row, 1, wrow, srow, n, mult);
     }
   }
 }
@@ -89,7 +88,6 @@ __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherAr
   const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= N) return;
   const PlanView v = plan_view(a.workspace, a.g.experts, a.g.pairs, fp4::gather_out_rows(a.g));
-  const W4A16Args ep = epilogue_view(a);
   const int32_t na = *v.num_active;
   for (int64_t slot = blockIdx.y; slot < na; slot += gridDim.y) {
     const int64_t e = v.active[slot];
@@ -100,9 +98,9 @@ __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherAr
     const float mult = a.g.mm.has_global_scale ? a.multiplier[a.g.multiplier_per_expert ? e : 0] : 1.0f;
     int64_t r0 = 0;
     for (; r0 + kRowsPerPass <= rows; r0 += kRowsPerPass) {
-      group_pass<XT, kVec, kRowsPerPass, Mode>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
+      group_pass<XT, kVec, kRowsPerPass, Mode>(a, v, first, rows, r0, wrow, srow, n, mult);
     }
-    for (; r0 < rows; ++r0) group_pass<XT, kVec, 1, Mode>(a, ep, v, first, rows, r0, wrow, srow, n, mult);
+    for (; r0 < rows; ++r0) group_pass<XT, kVec, 1, Mode>(a, v, first, rows, r0, wrow, srow, n, mult);
   }
 }
 

@@ -54,12 +54,22 @@ Launch gather_plan_launch(const fp4::GatherW4A16Problem& g);
 GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
 // Whether `k` can run `g` (the tensor-core kernel: bf16/fp16 x).
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
-// vec: 16-byte loads of weight and x rows (vector_loads_ok on g.mm and the base pointers).
+// vec: 16-byte loads of weight and x rows (vector_loads_ok on a.g.mm and the base pointers).
+using fp4::cuda_gather_tiling::PairKernel;
+// The pair kernel of `a`: `forced` where it can run, else the first of PairKernel's order that
+// can. Measured (H200, Qwen3-30B-A3B experts, 1-16 tokens, gather_kernel_harness bench): the
+// batched tensor-core kernel 6.4-47 us against the decode GEMV's 8.1-81 at K = 2048, the same
+// time at K = 768 (benchmarks/results/cuda/moe/gather_kernel_harness_no_local_copies.txt).
+PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1);
+// The batched tensor-core launch of the pairs (func null where it cannot run them).
+Launch gather_batched_launch(const GatherArgs& a, const DeviceInfo& dev);
 // The pair GEMV: the decode kernel where gather_decode_ok (and `decode`), else the SIMT pair kernel.
-Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec, bool decode = true);
-// Whether the decode GEMV (gather_w4a16_decode.cuh) takes `g`: one row of x per pair, bf16/fp16
-// x, K a multiple of 32 and at least 32 x 32 x kDecodeChunksPerLane, 16-byte loads.
-bool gather_decode_ok(const fp4::GatherW4A16Problem& g, bool vec);
+// `shape` indexes kDecodeShapes (-1: decode_shape_for(K); the harness times each).
+Launch gather_pairs_launch(const GatherArgs& a, bool vec, bool decode = true, int shape = -1);
+// Whether the decode GEMV (gather_w4a16_decode.cuh) takes `a` in `shape` (-1 as above): one row
+// of x per pair, bf16/fp16 x, K a multiple of 32 and at least decode_min_k, 16-byte loads, the
+// scales 2-byte aligned (NVFP4 reads a chunk's two scale bytes at once).
+bool gather_decode_ok(const GatherArgs& a, bool vec, int shape = -1);
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec);
 Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec);
 

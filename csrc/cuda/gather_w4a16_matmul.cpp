@@ -32,11 +32,25 @@ cuda::GatherKernel gather_kernel(const fp4::GatherW4A16Problem& g) {
   return cuda::gather_kernel_supports(forced, g) ? forced : cuda::gather_kernel_for(g);
 }
 
-// MLX_FP4_CUDA_GATHER_PAIRS=tc|simt forces the batched tensor-core kernel or the SIMT pair GEMV
-// where the decode GEMV would run (tests, A/B timing); "" when unset.
-const std::string& pairs_forced() {
-  static const std::string forced = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS") ? std::getenv("MLX_FP4_CUDA_GATHER_PAIRS") : "";
+// MLX_FP4_CUDA_GATHER_PAIRS=tc|decode|simt forces a pair kernel where it can run (tests, A/B
+// timing); -1 when unset (gather_pair_kernel_for's order).
+int pairs_forced() {
+  static const int forced = [] {
+    const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS");
+    const std::string v = env ? env : "";
+    return v == "tc"       ? int(cuda::PairKernel::kBatchedTc)
+           : v == "decode" ? int(cuda::PairKernel::kDecode)
+           : v == "simt"   ? int(cuda::PairKernel::kSimt)
+                           : -1;
+  }();
   return forced;
+}
+
+// MLX_FP4_CUDA_DECODE_SHAPE=i runs the decode GEMV in kDecodeShapes[i] (A/B timing through MLX,
+// tests); -1 (unset) leaves it to decode_shape_for.
+int decode_shape_forced() {
+  static const int shape = std::getenv("MLX_FP4_CUDA_DECODE_SHAPE") ? std::atoi(std::getenv("MLX_FP4_CUDA_DECODE_SHAPE")) : -1;
+  return shape;
 }
 
 // MLX_FP4_CUDA_GATHER_STAGED=0 keeps the plan's tiles on the register-prefetch kernel (tests, A/B
@@ -90,25 +104,14 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    // The decode GEMV for one row of x per pair (gather_decode_ok); else the dense staged
-    // tensor-core kernel over grid z = pairs where it takes one pair's problem (bf16/fp16 x,
-    // either mode, K % 128 == 0, aligned rows); else the SIMT pair GEMV.
-    const std::string& forced = pairs_forced();
-    if (cuda::gather_decode_ok(g, vec) && forced != "tc" && forced != "simt") {
-      const cuda::Launch run = cuda::gather_pairs_launch(g, vec);
-      enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
-      return;
-    }
-    cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
-    const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
-    const bool staged = half_x && cuda::staged_loads_ok(g.mm, b.x, b.w, b.scales);
-    const cuda::Launch tc = staged ? cuda::tc_batched_launch(g.mm, cuda::device_info(device), true, g.pairs)
-                                   : cuda::Launch{};
-    if (tc.func && forced != "simt") {
+    const cuda::PairKernel pk = cuda::gather_pair_kernel_for(a, vec, cuda::device_info(device), pairs_forced());
+    if (pk == cuda::PairKernel::kBatchedTc) {
+      cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
+      const cuda::Launch tc = cuda::gather_batched_launch(a, cuda::device_info(device));
       enc.add_kernel_node_ex(tc.func, tc.grid, tc.block, {}, tc.smem, b);
       return;
     }
-    const cuda::Launch run = cuda::gather_pairs_launch(g, vec, false);
+    const cuda::Launch run = cuda::gather_pairs_launch(a, vec, pk == cuda::PairKernel::kDecode, decode_shape_forced());
     enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
     return;
   }

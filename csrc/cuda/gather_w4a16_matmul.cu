@@ -10,6 +10,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "gather_w4a16_decode.cuh"
 #include "gather_w4a16_gemv.cuh"
@@ -100,38 +101,68 @@ Launch gather_tc_launch(const fp4::GatherW4A16Problem& g, bool vec) {
 
 namespace {
 
-template <int Mode>
-CUfunction decode_func(int x_dtype) {
-  return x_dtype == fp4::kDtypeF16 ? gather_func(gather_decode_kernel<__half, Mode>)
-                                   : gather_func(gather_decode_kernel<__nv_bfloat16, Mode>);
+template <typename XT, int Mode, int... Shapes>
+CUfunction decode_func_of(int shape, std::integer_sequence<int, Shapes...>) {
+  CUfunction f = nullptr;
+  ((f = Shapes == shape ? gather_func(gather_decode_kernel<XT, Mode, Shapes>) : f), ...);
+  return f;
 }
 
-Launch decode_launch(const fp4::GatherW4A16Problem& g) {
+template <int Mode>
+CUfunction decode_func(int x_dtype, int shape) {
+  using All = std::make_integer_sequence<int, kNumDecodeShapes>;
+  return x_dtype == fp4::kDtypeF16 ? decode_func_of<__half, Mode>(shape, All{})
+                                   : decode_func_of<__nv_bfloat16, Mode>(shape, All{});
+}
+
+int decode_shape(const fp4::GatherW4A16Problem& g, int shape) {
+  return shape >= 0 && shape < kNumDecodeShapes ? shape : fp4::cuda_gather_tiling::decode_shape_for(g.mm.k);
+}
+
+Launch decode_launch(const fp4::GatherW4A16Problem& g, int shape) {
   using namespace fp4::cuda_gather_tiling;
   Launch l;
-  l.func = g.mm.mode == fp4::kModeMxfp4 ? decode_func<fp4::kModeMxfp4>(g.mm.x_dtype)
-                                        : decode_func<fp4::kModeNvfp4>(g.mm.x_dtype);
-  const int64_t rows_per_block = int64_t(kDecodeWarps) * kDecodeRowsPerWarp;
+  l.func = g.mm.mode == fp4::kModeMxfp4 ? decode_func<fp4::kModeMxfp4>(g.mm.x_dtype, shape)
+                                        : decode_func<fp4::kModeNvfp4>(g.mm.x_dtype, shape);
+  const DecodeShape& d = kDecodeShapes[shape];
+  const int64_t rows_per_block = decode_rows_per_block(d);
   const int64_t gx = (g.mm.n + rows_per_block - 1) / rows_per_block;
   if (gx > 0x7FFFFFFF) throw std::runtime_error("[GatherW4A16Matmul] CUDA backend: N too large");
   l.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(g.pairs), 1);
-  l.block = dim3(kDecodeWarps * 32, 1, 1);
+  l.block = dim3(d.warps * 32, 1, 1);
   return l;
 }
 
 }  // namespace
 
-bool gather_decode_ok(const fp4::GatherW4A16Problem& g, bool vec) {
+bool gather_decode_ok(const GatherArgs& a, bool vec, int shape) {
+  const fp4::GatherW4A16Problem& g = a.g;
   const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
-  // Every lane busy in the first group of chunks: at K = 768 (8 of 32 lanes idle, four rows in
-  // flight per lane) it took 22.9 us where the batched tensor-core kernel took 12.7 (H200, 8
-  // pairs of 2048 x 768); at K = 2048 11.5 us vs 14.7 (docs/moe.md).
-  constexpr int64_t kMinK = int64_t(32) * 32 * fp4::cuda_gather_tiling::kDecodeChunksPerLane;
-  return vec && half_x && g.mm.m == 1 && g.mm.k % 32 == 0 && g.mm.k >= kMinK && g.pairs <= 65535;
+  const bool scales_aligned = g.mm.mode != fp4::kModeNvfp4 || reinterpret_cast<uintptr_t>(a.scales) % 2 == 0;
+  const int64_t min_k = fp4::cuda_gather_tiling::decode_min_k(kDecodeShapes[decode_shape(g, shape)]);
+  return vec && half_x && scales_aligned && g.mm.m == 1 && g.mm.k % 32 == 0 && g.mm.k >= min_k && g.pairs <= 65535;
 }
 
-Launch gather_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec, bool decode) {
-  if (decode && gather_decode_ok(g, vec)) return decode_launch(g);
+Launch gather_batched_launch(const GatherArgs& a, const DeviceInfo& dev) {
+  const bool half_x = a.g.mm.x_dtype == fp4::kDtypeBF16 || a.g.mm.x_dtype == fp4::kDtypeF16;
+  const bool staged = half_x && staged_loads_ok(a.g.mm, a.x, a.w, a.scales);
+  return staged ? tc_batched_launch(a.g.mm, dev, true, a.g.pairs) : Launch{};
+}
+
+PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced) {
+  auto runs = [&](PairKernel k) {
+    return k == PairKernel::kSimt || (k == PairKernel::kDecode ? gather_decode_ok(a, vec)
+                                                               : gather_batched_launch(a, dev).func != nullptr);
+  };
+  if (forced >= 0 && runs(static_cast<PairKernel>(forced))) return static_cast<PairKernel>(forced);
+  return runs(PairKernel::kBatchedTc) ? PairKernel::kBatchedTc
+         : runs(PairKernel::kDecode)  ? PairKernel::kDecode
+                                      : PairKernel::kSimt;
+}
+
+Launch gather_pairs_launch(const GatherArgs& a, bool vec, bool decode, int shape) {
+  const fp4::GatherW4A16Problem& g = a.g;
+  if (decode && gather_decode_ok(a, vec, shape)) return decode_launch(g, decode_shape(g, shape));
   Launch l;
   l.func = gemv_func_of_problem(g, true, vec);
   const int64_t gx = (g.mm.n + kWarps - 1) / kWarps;

@@ -40,12 +40,9 @@ __device__ __forceinline__ bool pair_ok(const GatherArgs& a, int64_t p) {
   return a.lhs[p] < a.g.x_batches && a.rhs[p] < a.g.experts;
 }
 
-// The epilogue's view: chain, operands, n (finish reads only these).
-__device__ __forceinline__ W4A16Args epilogue_view(const GatherArgs& a) {
-  W4A16Args ep{};
-  ep.p = a.g.mm;
-  for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) ep.operands[i] = a.operands[i];
-  return ep;
+// The chain of a gathered kernel's output (row, col): from its parameters (finish).
+__device__ __forceinline__ float gather_finish(const GatherArgs& a, float acc, int64_t row, int64_t col, float mult) {
+  return finish(a.g.mm, a.operands, acc, row, col, mult);
 }
 
 __global__ void __launch_bounds__(kPlanThreads) gather_plan_kernel(const GatherArgs a) {

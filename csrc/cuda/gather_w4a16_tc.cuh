@@ -82,12 +82,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_ke
 
   // The dense kernels' reduction (fixed order), then multiplier, chain and store at the pair's row.
   __shared__ float red[kTcWarps * RT * MT * 4 * 32];
-  const W4A16Args ep = epilogue_view(a);
   const float mult = a.g.mm.has_global_scale ? a.multiplier[a.g.multiplier_per_expert ? e : 0] : 1.0f;
   tc_reduce<MT, RT>(acc, red, m_base, n_base, [&](int64_t i, int64_t n, float sum) {
     if (n < N && i < rows) {
       const int64_t out_row = int64_t(v.order[first + i / M]) * M + i % M;
-      store_from_float(a.out, a.g.mm.out_dtype, out_row * N + n, finish(ep, sum * tc_acc_scale(Mode), out_row, n, mult));
+      store_from_float(a.out, a.g.mm.out_dtype, out_row * N + n, gather_finish(a, sum * tc_acc_scale(Mode), out_row, n, mult));
     }
   });
 }

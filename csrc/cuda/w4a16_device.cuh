@@ -45,21 +45,27 @@ __device__ __forceinline__ float to_float<__half>(__half v) { return __half2floa
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// Global scale (once, in fp32), then the epilogue chain, in the order given.
-__device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t row, int64_t col, float gs) {
+// Global scale (once, in fp32), then the epilogue chain, in the order given. `p` and `operands`
+// must be the kernel's parameters themselves, never a copy in a local variable: the chain indexes
+// them at run time, which puts a copy in local memory (392-840 bytes written per thread, more
+// than the weights a decode GEMV reads).
+__device__ __forceinline__ float finish(const fp4::W4A16Problem& p, const void* const (&operands)[fp4::kMaxEpilogueOperands],
+                                        float acc, int64_t row, int64_t col, float gs) {
   float v = acc * gs;
-  for (int i = 0; i < a.p.num_ops; ++i) {
-    const fp4::EpilogueOp op = a.p.ops[i];
+  for (int i = 0; i < p.num_ops; ++i) {
+    const fp4::EpilogueOp op = p.ops[i];
     // Ops without a tensor operand take the constant p0 (e.g. ("add", 0.5)).
     float operand = op.p0;
     if (op.operand >= 0) {
-      const int kind = a.p.operand_kind[op.operand];
-      operand = load_as_float(a.operands[op.operand], a.p.operand_dtype[op.operand],
-                              fp4::operand_offset(kind, row, col, a.p.n));
+      const int kind = p.operand_kind[op.operand];
+      operand = load_as_float(operands[op.operand], p.operand_dtype[op.operand], fp4::operand_offset(kind, row, col, p.n));
     }
     v = fp4::epilogue_apply(op.code, v, operand, op.p0, op.p1);
   }
   return v;
+}
+__device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t row, int64_t col, float gs) {
+  return finish(a.p, a.operands, acc, row, col, gs);
 }
 
 // The multiplier of expert `e` of a grouped or batched launch (a.global_scale when not per expert).
@@ -68,8 +74,9 @@ __device__ __forceinline__ const float* expert_multiplier(const W4A16Args& a, in
 }
 
 // Product blockIdx.z of a batched launch (W4A16Args::batch_rhs): pointers moved to its expert,
-// x matrix, output rows and operand rows (Row/Full operands are indexed by the output row).
-// `live` is false for an out-of-range pair: only `out` is moved then (batch_fill_nan).
+// x matrix and output rows. The operands stay: the store indexes them by the launch's output row
+// (z * M + m, batch_chain_row0). `live` is false for an out-of-range pair: only `out` is moved
+// then (batch_fill_nan).
 __device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) {
   W4A16Args b = a;
   const int64_t z = blockIdx.z, M = a.p.m, N = a.p.n;
@@ -82,13 +89,9 @@ __device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) 
   b.scales = a.scales + e * a.scale_batch_bytes;
   b.x = static_cast<const uint8_t*>(a.x) + int64_t(l) * M * a.p.k * fp4::dtype_bytes(a.p.x_dtype);
   b.global_scale = expert_multiplier(a, e);
-  for (int i = 0; i < a.p.num_operands; ++i) {
-    const int kind = a.p.operand_kind[i];
-    const int64_t rows_first = kind == fp4::kOperandRow ? z * M : kind == fp4::kOperandFull ? z * M * N : 0;
-    b.operands[i] = static_cast<const uint8_t*>(a.operands[i]) + rows_first * fp4::dtype_bytes(a.p.operand_dtype[i]);
-  }
   return b;
 }
+__device__ __forceinline__ int64_t batch_chain_row0(const W4A16Args& a) { return int64_t(blockIdx.z) * a.p.m; }
 
 // Tile `tile` of a grouped launch (W4A16Args::group_*): its expert, its first row in the sorted
 // order and the rows left in its group from there (the kernel's tile covers what fits).
@@ -410,14 +413,18 @@ __device__ __forceinline__ void tc_reduce(const float (&acc)[RT][MT][4], float* 
 }
 
 // The dense kernels' store: rows m of x (out_rows[m] when grouped), global scale, chain, cast.
+// `a` is the block's product (a batched or grouped view); the chain comes from the kernel's
+// parameters `chain` (finish), indexed by output row chain_row0 + row.
 template <int MT, int RT, bool kGrouped = false>
-__device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const float (&acc)[RT][MT][4], float* red,
-                                                int64_t m_base, int64_t n_base, float acc_scale = kTcAccScale) {
+__device__ __forceinline__ void tc_reduce_store(const W4A16Args& a, const W4A16Args& chain, const float (&acc)[RT][MT][4],
+                                                float* red, int64_t m_base, int64_t n_base,
+                                                float acc_scale = kTcAccScale, int64_t chain_row0 = 0) {
   const float gs = global_scale_of(a);
   tc_reduce<MT, RT>(acc, red, m_base, n_base, [&](int64_t m, int64_t n, float sum) {
     if (n < a.p.n && m < a.p.m) {
       const int64_t row = kGrouped ? int64_t(a.out_rows[m]) : m;
-      store_from_float(a.out, a.p.out_dtype, row * a.p.n + n, finish(a, sum * acc_scale, row, n, gs));
+      store_from_float(a.out, a.p.out_dtype, row * a.p.n + n,
+                       finish(chain.p, chain.operands, sum * acc_scale, chain_row0 + row, n, gs));
     }
   });
 }

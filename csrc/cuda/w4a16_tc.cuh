@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
   }
 
   __shared__ float red[kMaxWarpsPerBlock * RT * MT * 4 * 32];
-  tc_reduce_store<MT, RT>(a, acc, red, m_base, n_base, tc_acc_scale(Mode));
+  tc_reduce_store<MT, RT>(a, a, acc, red, m_base, n_base, tc_acc_scale(Mode));
 }
 
 }  // namespace

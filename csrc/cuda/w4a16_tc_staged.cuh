@@ -235,7 +235,9 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring: reuse it for the reduction
   static_assert(MT * RT * 4 * 32 * sizeof(float) <= kStages * kSlot, "reduction must fit in the ring");
-  tc_reduce_store<MT, RT, kGrouped>(a, acc, reinterpret_cast<float*>(ring), m_base, n_base, tc_acc_scale(Mode));
+  const int64_t chain_row0 = kProducts == kStagedBatched ? batch_chain_row0(args) : 0;
+  tc_reduce_store<MT, RT, kGrouped>(a, args, acc, reinterpret_cast<float*>(ring), m_base, n_base, tc_acc_scale(Mode),
+                                    chain_row0);
 }
 
 }  // namespace

@@ -24,15 +24,11 @@ enum : int {
   // 12% occupancy in ncu at 512 tokens), too few to hide the loads.
   kTcMinBlocksPerSm = 3,
   kTcTileRows = kTcColTiles * 8,
-  // Decode without a plan: one GEMV block row per (pair, weight-row tile), each pair's expert read
-  // directly (a repeated expert comes from L2), when there are at most this many rows of x in all.
-  kPairsMaxRows = 64,
-  // Decode GEMV (one row of x per pair): kDecodeWarps warps of kDecodeRowsPerWarp weight rows per
-  // block; each lane issues the loads of kDecodeChunksPerLane 32-value chunks of every row of its
-  // warp before any math (RW x J 16-byte weight loads in flight per lane).
-  kDecodeWarps = 4,
-  kDecodeRowsPerWarp = 4,
-  kDecodeChunksPerLane = 2,
+  // Decode without a plan: each pair reads its expert directly (a repeated expert comes from L2),
+  // when there are at most this many rows of x in all. At 16 tokens (128 pairs) of Qwen3-30B-A3B
+  // experts the batched pair kernel took 47 / 50 us where the plan and grouped staged kernel took
+  // 70 / 79 (768 x 2048 / 2048 x 768, H200, gather_kernel_harness bench); more was not measured.
+  kPairsMaxRows = 128,
   // Grouped wgmma kernel (sm_90a, prefill): the plan's tiles are this many rows of one expert (the
   // dense wgmma kernel's mid x tile: 4 stages fit its ring, 2 at 128 rows), and it runs where the
   // rows per expert average at least kWgmmaGroupMinRows. Measured (H200, Qwen3-30B-A3B experts,
@@ -43,6 +39,33 @@ enum : int {
   kWgmmaGroupMinRows = 32,
   kMaxGridY = 65535,
 };
+
+// Decode GEMV (one row of x per pair): a block is `warps` warps; a warp splits into 32 / `lanes`
+// lane groups, each owning `rows` weight rows of its pair's expert; each lane issues the loads of
+// `chunks` 32-value chunks of every row it owns before any math (rows x chunks 16-byte weight
+// loads in flight per lane), stepping over K by lanes x chunks chunks. Shape 0 (four rows per
+// warp) is the plan's; shape 1 is the grid of MLX's gather_qmv (a warp per row, 8 rows per
+// block, one load per lane and step); shape 2 is the fastest at K = 768 of eight shapes timed
+// (H200, Qwen3-30B-A3B experts, 1-16 tokens; gather_kernel_harness_no_local_copies.txt): at
+// K = 2048 shape 0 beat every other (8.05 us at 1 token, 8.11-12.06 for the rest), at K = 768
+// the batched tensor-core kernel beat shape 2 (6.93 vs 7.91 us). decode_shape_for picks one by K;
+// the harness times each, MLX_FP4_CUDA_DECODE_SHAPE forces one through MLX.
+struct DecodeShape {
+  int lanes, rows, chunks, warps;
+};
+inline constexpr DecodeShape kDecodeShapes[] = {{32, 4, 2, 4}, {32, 1, 1, 8}, {8, 2, 3, 8}};
+inline constexpr int kNumDecodeShapes = int(sizeof(kDecodeShapes) / sizeof(kDecodeShapes[0]));
+FP4_FN constexpr int decode_rows_per_block(const DecodeShape& d) { return d.warps * (32 / d.lanes) * d.rows; }
+// The least K at which a shape's first step keeps every lane busy (below it the batched
+// tensor-core kernel was faster: shape 0 at K = 768, 8 of 32 lanes idle, took 22.9 us where
+// that kernel took 12.7; H200, 8 pairs of 2048 x 768).
+FP4_FN constexpr int64_t decode_min_k(const DecodeShape& d) { return int64_t(d.lanes) * d.chunks * 32; }
+// The shape of a K (a multiple of 32): the first kernel's at every K until the harness says more.
+FP4_FN int decode_shape_for(int64_t /*k*/) { return 0; }
+
+// The pair kernels (no plan), in the order the rule tries them: the dense staged tensor-core
+// kernel batched over the pairs, the decode GEMV, the SIMT pair GEMV (gather_pair_kernel_for).
+enum class PairKernel : int { kBatchedTc = 0, kDecode = 1, kSimt = 2 };
 
 // The kernels of one gathered call: the plan-free pair GEMV, or the plan and then the grouped
 // GEMV or the grouped tensor-core kernel.

@@ -9,6 +9,9 @@
 //   loads_mxfp4 ...: the same for MXFP4 scales (E8M0 per 32)
 //   gather_wgmma rows experts
 //     -> "ok max_tiles"                  (gather_wgmma_rows_ok, tiles of kWgmmaGroupTileRows)
+//   gather_decode k
+//     -> "shape min_k rows_per_block pairs_max_rows" (decode_shape_for, its decode_min_k and
+//        decode_rows_per_block, kPairsMaxRows)
 // Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90, the wgmma kernel built).
 #include <cstdint>
 #include <iostream>
@@ -69,6 +72,13 @@ int main() {
       in >> rows >> experts;
       std::cout << int(gt::gather_wgmma_rows_ok(rows, experts)) << ' '
                 << gt::max_tc_tiles(experts, rows, gt::kWgmmaGroupTileRows) << '\n';
+    } else if (what == "gather_decode") {
+      namespace gt = fp4::cuda_gather_tiling;
+      int64_t k = 0;
+      in >> k;
+      const int shape = gt::decode_shape_for(k);
+      std::cout << shape << ' ' << gt::decode_min_k(gt::kDecodeShapes[shape]) << ' '
+                << gt::decode_rows_per_block(gt::kDecodeShapes[shape]) << ' ' << int(gt::kPairsMaxRows) << '\n';
     } else {
       std::cout << "?\n";
     }
