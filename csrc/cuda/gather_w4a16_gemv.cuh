@@ -17,7 +17,7 @@ __device__ __forceinline__ void rows_pass(const GatherArgs& a, const XT* const (
                                           const int64_t (&out_row)[R], int live, const uint8_t* wrow,
                                           const uint8_t* srow, int64_t n, float mult) {
   float acc[R];
-  simt_row_pass<XT, kVec, R, Mode>(wrow, srow, a.g.mm.k, a.g.mm.scale_row_bytes, xr, acc);
+  simt_row_pass<XT, kVec, R, Mode>(wrow, srow, a.g.mm.k, xr, acc);
   if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {

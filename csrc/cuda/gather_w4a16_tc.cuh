@@ -70,11 +70,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_ke
   // computes (without it each warp waited a full memory latency per step).
   if (s_begin < s_end) {
     TcFrag<T, MT, RT, Mode> cur;
-    tc_load_frag<T, MT, RT, kVec, Mode>(s_begin, t, wrow, srow, K, srb, cur);
+    tc_load_frag<T, MT, RT, kVec, Mode>(s_begin, t, wrow, srow, K, cur);
 #pragma unroll 1
     for (int64_t s = s_begin; s < s_end; ++s) {
       TcFrag<T, MT, RT, Mode> nxt;
-      if (s + 1 < s_end) tc_load_frag<T, MT, RT, kVec, Mode>(s + 1, t, wrow, srow, K, srb, nxt);
+      if (s + 1 < s_end) tc_load_frag<T, MT, RT, kVec, Mode>(s + 1, t, wrow, srow, K, nxt);
       tc_compute_step<T, MT, RT, kVec, Mode>(s, t, xrow, K, s_scale, cur, acc);
       cur = nxt;
     }

@@ -48,9 +48,10 @@ __device__ __forceinline__ float e2m1_fast(uint32_t code) {
 // warp (every lane holds the sum). Mode: fp4::Mode (the scale decode and its block); a chunk of 32
 // values holds two NVFP4 blocks or one MXFP4 block. Shared with the gathered GEMVs.
 template <typename XT, bool kVec, int R, int Mode>
-__device__ __forceinline__ void simt_row_pass(const uint8_t* wrow, const uint8_t* srow, int64_t K, int64_t srb,
+__device__ __forceinline__ void simt_row_pass(const uint8_t* wrow, const uint8_t* srow, int64_t K,
                                               const XT* const (&xr)[R], float (&acc)[R]) {
   constexpr int kBlockBytes = fp4::block_size(Mode) / fp4::kValuesPerByte;
+  const int64_t blocks = fp4::scale_blocks_for_k(K, Mode);  // a padded row's extra scale bytes are never read
   const int lane = threadIdx.x & 31;
   const int64_t kbytes = (K + 1) / 2;
 #pragma unroll
@@ -83,7 +84,7 @@ __device__ __forceinline__ void simt_row_pass(const uint8_t* wrow, const uint8_t
       constexpr int kBlocksPerChunk = 16 / kBlockBytes;
       const int64_t b0 = kBlocksPerChunk * c, b1 = b0 + kBlocksPerChunk - 1;
       const float s0 = fp4::scale_to_float(Mode, srow[b0]);
-      const float s1 = b1 < srb ? fp4::scale_to_float(Mode, srow[b1]) : 0.0f;
+      const float s1 = b1 < blocks ? fp4::scale_to_float(Mode, srow[b1]) : 0.0f;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const float sc = q < 2 ? s0 : s1;
@@ -137,7 +138,6 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
   if (n >= N) return;
   const uint8_t* wrow = a.w + n * a.p.w_row_bytes;
   const uint8_t* srow = a.scales + n * a.p.scale_row_bytes;
-  const int64_t srb = a.p.scale_row_bytes;
   const XT* x = static_cast<const XT*>(a.x);
   const float gs = global_scale_of(a);
 
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32) w4a16_simt_kernel(const W4A16
       xr[r] = x + m * K;
     }
     float acc[R];
-    simt_row_pass<XT, kVec, R, Mode>(wrow, srow, K, srb, xr, acc);
+    simt_row_pass<XT, kVec, R, Mode>(wrow, srow, K, xr, acc);
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {

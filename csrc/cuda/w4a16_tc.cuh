@@ -17,13 +17,16 @@ struct TcFrag {
 };
 
 // One K step's weight words and scale bytes of this lane (rows wrow/srow; guarded loads past K
-// unless kVec and the step is whole). Shared by the dense and the grouped (MoE) kernels.
+// unless kVec and the step is whole: scale bytes past K's blocks are never read, since a padded
+// row's extra bytes may hold anything, NaN codes included, and 0 x NaN poisons the sum).
+// Shared by the dense and the grouped (MoE) kernels.
 template <typename T, int MT, int RT, bool kVec, int Mode>
 __device__ __forceinline__ void tc_load_frag(int64_t s, int t, const uint8_t* const (&wrow)[RT][2],
-                                             const uint8_t* const (&srow)[RT][2], int64_t K, int64_t srb,
+                                             const uint8_t* const (&srow)[RT][2], int64_t K,
                                              TcFrag<T, MT, RT, Mode>& f) {
   using Lane = TcLane<Mode>;
   const int64_t kbytes = (K + 1) / 2;
+  const int64_t blocks = fp4::scale_blocks_for_k(K, Mode);
   const int64_t kb = s * kStepK + Lane::k0(t);  // k of this lane's word 0
   const int64_t b0 = kb / 2;                    // its first byte
   const int64_t blk0 = Lane::block0(s, t);      // first scale block
@@ -59,7 +62,7 @@ __device__ __forceinline__ void tc_load_frag(int64_t s, int t, const uint8_t* co
         }
 #pragma unroll
         for (int b = 0; b < Lane::kScales; ++b) {
-          f.sc[rt][h][b] = blk0 + b < srb ? uint32_t(__ldg(srow[rt][h] + blk0 + b)) : 0u;
+          f.sc[rt][h][b] = blk0 + b < blocks ? uint32_t(__ldg(srow[rt][h] + blk0 + b)) : 0u;
         }
       }
     }
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_kernel(const 
   zero_acc<MT, RT>(acc);
 
   auto load_frag = [&](int64_t s, TcFrag<T, MT, RT, Mode>& f) {
-    tc_load_frag<T, MT, RT, kVec, Mode>(s, t, wrow, srow, K, srb, f);
+    tc_load_frag<T, MT, RT, kVec, Mode>(s, t, wrow, srow, K, f);
   };
   auto compute = [&](int64_t s, const TcFrag<T, MT, RT, Mode>& f) {
     tc_compute_step<T, MT, RT, kVec, Mode>(s, t, xrow, K, s_scale, f, acc);
