@@ -1,6 +1,6 @@
 // Framework-free interface of the CUDA gathered W4A16 kernels (gather_w4a16_matmul.cu), launched
 // by the MLX glue (gather_w4a16_matmul.cpp) as CUfunction graph nodes. Decode with few rows: one
-// launch, the pair GEMV (each pair reads its expert directly). Otherwise two: the plan groups the
+// launch, a pair kernel (each pair reads its expert directly; gather_pair_kernel_for). Otherwise two: the plan groups the
 // (token, expert) pairs by expert on the device, then one GEMV launch covers every (expert,
 // weight-row tile) at once, each expert's rows streamed once for all its pairs, or (prefill) one
 // grouped tensor-core launch covers the plan's tiles of each expert's rows.
@@ -60,7 +60,9 @@ using fp4::cuda_gather_tiling::PairKernel;
 // can. Measured (H200, Qwen3-30B-A3B experts, 1-16 tokens, gather_kernel_harness bench): the
 // batched tensor-core kernel 6.4-47 us against the decode GEMV's 8.1-81 at K = 2048, the same
 // time at K = 768 (benchmarks/results/cuda/moe/gather_kernel_harness_no_local_copies.txt).
-PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1);
+// `batched` (if given) receives the batched launch when that is the choice (no second plan).
+PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1,
+                                  Launch* batched = nullptr);
 // The batched tensor-core launch of the pairs (func null where it cannot run them).
 Launch gather_batched_launch(const GatherArgs& a, const DeviceInfo& dev);
 // The pair GEMV: the decode kernel where gather_decode_ok (and `decode`), else the SIMT pair kernel.

@@ -1,5 +1,5 @@
 // GatherW4A16Matmul::eval_gpu for MLX's CUDA backend: binds MLX buffers and adds the kernels of
-// gather_w4a16_matmul.cu (the pair GEMV, or the plan then the grouped GEMV or tensor cores) to
+// gather_w4a16_matmul.cu (a pair kernel, or the plan then the grouped GEMV or tensor cores) to
 // MLX's CUDA graph as CUfunction nodes.
 // Compiled by the C++ compiler (MLX's CUDA headers need fmt, see fmt_shim/), never by nvcc.
 #include <cstdlib>
@@ -104,10 +104,10 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    const cuda::PairKernel pk = cuda::gather_pair_kernel_for(a, vec, cuda::device_info(device), pairs_forced());
+    cuda::Launch tc;
+    const cuda::PairKernel pk = cuda::gather_pair_kernel_for(a, vec, cuda::device_info(device), pairs_forced(), &tc);
     if (pk == cuda::PairKernel::kBatchedTc) {
       cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
-      const cuda::Launch tc = cuda::gather_batched_launch(a, cuda::device_info(device));
       enc.add_kernel_node_ex(tc.func, tc.grid, tc.block, {}, tc.smem, b);
       return;
     }

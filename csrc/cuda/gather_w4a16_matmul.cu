@@ -1,5 +1,7 @@
 // CUDA gathered W4A16 (mixture-of-experts): out[p] = epilogue(mult[e] * x[lhs[p]] @ W[e]^T),
-// e = rhs[p]. Decode with few rows: the pair GEMV alone (gather_w4a16_gemv.cuh). Otherwise two
+// e = rhs[p]. Decode with few rows: one pair kernel alone (gather_pair_kernel_for: the batched
+// dense staged kernel, the decode GEMV of gather_w4a16_decode.cuh, or the SIMT pair GEMV of
+// gather_w4a16_gemv.cuh). Otherwise two
 // launches in MLX's graph: the plan (gather_w4a16_plan.cuh: pairs grouped by expert on the
 // device), then the grouped GEMV over every (active expert, weight-row tile) (float32 x, or too
 // few rows per expert) or the grouped tensor-core kernel over the plan's tiles
@@ -149,15 +151,17 @@ Launch gather_batched_launch(const GatherArgs& a, const DeviceInfo& dev) {
   return staged ? tc_batched_launch(a.g.mm, dev, true, a.g.pairs) : Launch{};
 }
 
-PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced) {
+PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced, Launch* batched) {
+  const Launch tc = gather_batched_launch(a, dev);
   auto runs = [&](PairKernel k) {
-    return k == PairKernel::kSimt || (k == PairKernel::kDecode ? gather_decode_ok(a, vec)
-                                                               : gather_batched_launch(a, dev).func != nullptr);
+    return k == PairKernel::kSimt || (k == PairKernel::kDecode ? gather_decode_ok(a, vec) : tc.func != nullptr);
   };
-  if (forced >= 0 && runs(static_cast<PairKernel>(forced))) return static_cast<PairKernel>(forced);
-  return runs(PairKernel::kBatchedTc) ? PairKernel::kBatchedTc
-         : runs(PairKernel::kDecode)  ? PairKernel::kDecode
-                                      : PairKernel::kSimt;
+  const PairKernel k = forced >= 0 && runs(static_cast<PairKernel>(forced)) ? static_cast<PairKernel>(forced)
+                       : runs(PairKernel::kBatchedTc)                       ? PairKernel::kBatchedTc
+                       : runs(PairKernel::kDecode)                          ? PairKernel::kDecode
+                                                                            : PairKernel::kSimt;
+  if (batched && k == PairKernel::kBatchedTc) *batched = tc;
+  return k;
 }
 
 Launch gather_pairs_launch(const GatherArgs& a, bool vec, bool decode, int shape) {
