@@ -6,6 +6,10 @@ kMetalGatherGemmMinRows pairs per expert); then runs against the GEMM, both forc
 per expert (the crossover). mlx-lm's layout: x [P, 1, K], rhs sorted, lhs the default; random
 top-k routing.
 
+Decode too: our plan's pair GEMV against mx.gather_qmm's own decode kernel (MLX 0.32.4's
+gather_qmv, mlx_kernels.launch_gather) on the same bytes, one row of x per pair, unsorted top-k
+routing, at 1 and 4 tokens.
+
 Usage: python tests/metal_sim/gather_cost.py -> benchmarks/results/metal/gather_cost.json
 """
 
@@ -73,6 +77,51 @@ def count(sim, work, problem, sorted_hint, force=None):
             "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
 
 
+# Decode: Qwen3-30B-A3B's K (2048; MLX's fast kernel needs K % 512 == 0) and top-8, fewer
+# experts and rows (the count is per pair and weight, one pass over each pair's expert).
+DECODE_EXPERTS, DECODE_TOP_K, DECODE_N, DECODE_K, DECODE_TOKENS = 16, 8, 128, 2048, (1, 4)
+
+
+def decode_problem(tokens, seed=0):
+    """(x [T, 1, K], packed experts, scales, lhs, rhs): distinct top-k experts per token."""
+    from common import rng
+    from test_metal_sim_gather import experts as make_experts
+
+    g = rng("gather-cost-decode", tokens, seed)
+    w_bytes, scales = make_experts(g, DECODE_EXPERTS, DECODE_N, DECODE_K)
+    rhs = np.concatenate([g.choice(DECODE_EXPERTS, DECODE_TOP_K, replace=False) for _ in range(tokens)])
+    x = g.standard_normal((tokens, 1, DECODE_K)).astype(np.float32)
+    lhs = np.arange(len(rhs), dtype=np.uint32) // DECODE_TOP_K
+    return x, w_bytes, scales, lhs, rhs.astype(np.uint32)
+
+
+def count_mlx_decode(runner, work, problem):
+    """mx.gather_qmm's decode kernel on `problem`, counted like ours (bf16 x and output)."""
+    import ml_dtypes
+    import mlx_kernels as mk
+
+    x, w_bytes, scales, lhs, rhs = problem
+    counts = Path(work) / f"mlx-decode-{len(rhs)}.txt"
+    kind, _ = mk.launch_gather(runner, Path(work) / f"mlx-decode-{len(rhs)}", x.astype(ml_dtypes.bfloat16), w_bytes,
+                               scales, lhs, rhs, dtype="bfloat16", env=cm.counting_env(counts))
+    cls, mem = cm.read_counts(runner, counts)
+    s = cm.summarize(cls, mem, len(rhs) * w_bytes.shape[1] * x.shape[-1], 64)  # 32 x 2 threads per group
+    return {"kernel": f"mlx {kind}", "pairs": len(rhs), "instructions_per_pair_weight": s["instructions_per_weight"],
+            "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
+
+
+def decode(sim, work):
+    import mlx_kernels as mk
+
+    mlx = mk.build_runner(count=True, only=[mk.name("gather_qmv_fast", "bfloat16")])
+    rows = []
+    for tokens in DECODE_TOKENS:
+        p = decode_problem(tokens)
+        rows.append({"tokens": tokens, "ours": count(sim, work, p, False), "mlx": count_mlx_decode(mlx, work, p)})
+    return {"problem": {"experts": DECODE_EXPERTS, "top_k": DECODE_TOP_K, "n": DECODE_N, "k": DECODE_K,
+                        "x": "bf16", "out": "bf16", "mode": "nvfp4", "routing": "unsorted"}, "points": rows}
+
+
 # Pairs per expert of the crossover sweep (runs of 8 pairs vs the GEMM, both forced): tokens =
 # rows x EXPERTS / TOP_K.
 SWEEP_ROWS = (2, 4, 8, 16, 32)
@@ -90,7 +139,7 @@ def compute(work=None):
     return {"problem": {"experts": EXPERTS, "top_k": TOP_K, "tokens": TOKENS, "n": N, "k": K,
                         "x": "bf16", "out": "bf16", "mode": "nvfp4"},
             "per_pair": count(sim, work, problem, False), "runs": count(sim, work, problem, True, "runs"),
-            "plan": count(sim, work, problem, True), "crossover": sweep}
+            "plan": count(sim, work, problem, True), "crossover": sweep, "decode": decode(sim, work)}
 
 
 def main():

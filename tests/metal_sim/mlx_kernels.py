@@ -140,6 +140,11 @@ def all_instantiations():
                                                             "false", str(gs).lower()]))
                 lines.append(instantiation(name("qmm_t_splitk", dt, int(aligned), mode=mode),
                                            "fp_qmm_t_splitk", [t, group, BITS, str(aligned).lower()]))
+            # mx.gather_qmm's decode kernels (GatherQMM::eval_gpu -> gather_qmv; no global scale
+            # there: its host passes none): <T, group_size, bits, has_global_scale>
+            for fast in (True, False):
+                kind = "gather_qmv_fast" if fast else "gather_qmv"
+                lines.append(instantiation(name(kind, dt, mode=mode), f"fp_{kind}", [t, group, BITS, "false"]))
     return lines
 
 
@@ -154,7 +159,8 @@ def build_runner(count=False, only=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Host side: MLX's dispatch for one [M, K] x [N, K]^T problem (not batched, transpose=True).
+# Host side: MLX's dispatch for one [M, K] x [N, K]^T problem (not batched, transpose=True), and
+# (launch_gather) mx.gather_qmm's decode.
 
 
 def get_qmv_batch_limit(k, n, gpu):
@@ -281,3 +287,42 @@ def launch(runner, d, x, w_bytes, scales, *, kind, dtype, global_scale=None, spl
             acc += p
         return acc.astype(np_dt).astype(np.float64)
     return np.fromfile(out_path, np_dt).reshape(m, n).astype(np.float64)
+
+
+QMV_FAST_K = 512  # quantized.cpp qmv_fast_k_alignment(4): the fast kernel's K multiple
+
+
+def launch_gather(runner, d, x, w_bytes, scales, lhs, rhs, *, dtype, env=None, mode="nvfp4"):
+    """Runs mx.gather_qmm's decode kernel (GatherQMM::eval_gpu -> gather_qmv: one row of x per
+    pair, unsorted, transpose=True) as MLX's host code launches it: x [B, 1, K] (numpy, dtype),
+    w_bytes uint8 [E, N, K/2], scales uint8 [E, N, K/group], lhs / rhs uint32 [P] (x matrix and
+    expert of each pair). Returns (kind, out [P, 1, N] float64)."""
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    b, m, k = x.shape
+    e, n, row = w_bytes.shape
+    pairs = len(rhs)
+    assert m == 1, "gather_qmv runs M < the vector limit; this replay covers one row per pair"
+    fast = n % 8 == 0 and k % QMV_FAST_K == 0
+    kind = "gather_qmv_fast" if fast else "gather_qmv"
+    i32 = lambda *v: np.asarray(v, np.int32)  # noqa: E731
+    i64 = lambda *v: np.asarray(v, np.int64)  # noqa: E731
+    words = row // 4  # w as MLX's uint32 [E, N, K/8]; strides in elements of each array
+    blocks = scales.shape[-1]
+    bufs = {0: _write(d / "w.bin", w_bytes), 1: _write(d / "s.bin", scales),
+            2: _write(d / "gs.bin", np.ones(1, np.float32)), 3: _write(d / "x.bin", x),
+            4: _write(d / "lhs.bin", np.asarray(lhs, np.uint32)), 5: _write(d / "rhs.bin", np.asarray(rhs, np.uint32)),
+            7: _write(d / "k.bin", i32(k)), 8: _write(d / "n.bin", i32(n)),
+            # add_strides_and_shapes: x [B, 1, K], w [E, N, K/8], scales [E, N, blocks]
+            9: _write(d / "xnd.bin", i32(1)), 10: _write(d / "xsh.bin", i32(b, m, k)),
+            11: _write(d / "xst.bin", i64(m * k, k, 1)), 12: _write(d / "wnd.bin", i32(1)),
+            13: _write(d / "wsh.bin", i32(e, n, words)), 14: _write(d / "wst.bin", i64(n * words, words, 1)),
+            15: _write(d / "sst.bin", i64(n * blocks, blocks, 1)),
+            # add_gather_strides_and_shapes: the indices' collapsed shape [P] and strides
+            16: _write(d / "bnd.bin", i32(1)), 17: _write(d / "bsh.bin", i32(pairs)),
+            18: _write(d / "lst.bin", i64(1)), 19: _write(d / "rst.bin", i64(1))}
+    out_path = d / "y.bin"
+    outs = {6: (pairs * m * n * x.dtype.itemsize, out_path)}
+    grid, threads = (m, -(-n // 8), pairs), (32, 2, 1)
+    run_exec(runner, _spec(d, name(kind, dtype, mode=mode), grid, threads, bufs, outs, "end"), env=env)
+    return kind, np.fromfile(out_path, x.dtype).reshape(pairs, m, n).astype(np.float64)

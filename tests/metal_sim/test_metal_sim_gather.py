@@ -301,14 +301,23 @@ def test_gather_kernel_mxfp4_matches_reference(gather_sim, tmp_path, xd, od, e, 
 def test_sorted_runs_cost_less_than_one_pass_per_pair(tmp_path):
     """The counted cost (gather_cost.py, as costmodel.py counts the dense kernels) of a sorted
     prefill: the committed benchmarks/results/metal/gather_cost.json is what the kernels give today,
-    and the runs execute fewer instructions and load fewer device bytes than one pass per pair."""
+    and the runs execute fewer instructions and load fewer device bytes than one pass per pair. At
+    decode our pair GEMV reads the bytes mx.gather_qmm's gather_qmv reads (within 2%) in fewer
+    instructions."""
     import json
+    import os
     from pathlib import Path
 
     import gather_cost
+    import mlx_kernels
 
     require_toolchain()
-    doc = gather_cost.compute(tmp_path)
+    try:
+        doc = gather_cost.compute(tmp_path)
+    except mlx_kernels.Unavailable as e:  # MLX's kernels come from the mlx-metal wheel (PyPI)
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
     committed = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "metal" /
                             "gather_cost.json").read_text())
     assert doc == committed, "rerun python tests/metal_sim/gather_cost.py after a kernel change"
@@ -325,3 +334,7 @@ def test_sorted_runs_cost_less_than_one_pass_per_pair(tmp_path):
                  and c["gemm"]["device_bytes_per_pair_weight"] < c["runs"]["device_bytes_per_pair_weight"])
     tiling = (Path(__file__).resolve().parents[2] / "csrc" / "shared" / "tiling_metal.h").read_text()
     assert f"kMetalGatherGemmMinRows = {first};" in tiling
+    for point in doc["decode"]["points"]:
+        ours, mlx = point["ours"], point["mlx"]
+        assert ours["instructions_per_pair_weight"] < mlx["instructions_per_pair_weight"], point
+        assert abs(ours["device_bytes_per_pair_weight"] / mlx["device_bytes_per_pair_weight"] - 1) < 0.02, point

@@ -175,3 +175,29 @@ def test_mlx_mxfp4_qmm_t_half_overflows_where_ours_does_not(mlx_runner, sim_runn
     y, bound = common.error_bound(acc, mag, k, common.TOLERANCES[(mx.float16, mx.float16)])
     ours, _ = ours_on(sim_runner, tmp_path, x, packed, scales, "float16")
     common.assert_close(ours, y, bound, what="ours, mxfp4 scale 2^17, float16")
+
+
+@pytest.mark.parametrize("mode", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n,k,fast", [(64, 512, True), (36, 96, False)])
+def test_gather_qmv(mlx_runner, tmp_path, n, k, fast, dtype, mode):
+    """mx.gather_qmm's decode kernel (gather_qmv, launched as GatherQMM::eval_gpu does: one row of
+    x per pair, unsorted top-k routing, a repeated expert) against the float64 reference: the
+    baseline gather_cost.py counts our decode against."""
+    import gather_reference as gref
+
+    g = common.rng("mlx_gather_qmv", n, k, dtype, mode)
+    e, tokens, top = 6, 3, 2
+    w_bytes = np.stack([ref.pack_nibbles(g.integers(0, 16, size=(n, k), dtype=np.uint8)) for _ in range(e)])
+    codes = common.DEFAULT_SCALE_CODES if mode == "nvfp4" else common.DEFAULT_E8M0_CODES
+    scales = g.choice(codes, size=(e, n, k // mk.GROUPS[mode])).astype(np.uint8)
+    x = g.standard_normal((tokens, 1, k)).astype(NP[dtype])
+    rhs = np.concatenate([g.choice(e, top, replace=False) for _ in range(tokens)]).astype(np.uint32)
+    rhs[2] = rhs[0]  # an expert repeated across tokens
+    lhs = (np.arange(tokens * top) // top).astype(np.uint32)
+    kind, out = mk.launch_gather(mlx_runner, tmp_path / "case", x, w_bytes, scales, lhs, rhs, dtype=dtype, mode=mode)
+    assert kind == ("gather_qmv_fast" if fast else "gather_qmv")
+    acc, mag = gref.gather_matmul_with_magnitude(x.astype(np.float64), w_bytes, scales, lhs, rhs, mode=mode)
+    mdt = getattr(mx, dtype)
+    y, bound = common.error_bound(acc, mag, k, common.TOLERANCES[(mdt, mdt)], None, None)
+    common.assert_close(out, y, bound, what=f"MLX {kind} {mode} {dtype} n={n} k={k}")
