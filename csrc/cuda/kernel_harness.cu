@@ -358,8 +358,10 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
 
 // Exact decode: x = identity rows (M = K), so y[m, n] = decode(w[n, m]) * scale[n, m / block] exactly,
 // over about all (byte, scale) pairs: NVFP4 E4M3 without its NaN codes; MXFP4 every E8M0 code (0xFF
-// NaN, 2^-127 subnormal, 6 * 2^127 overflowing to Inf in fp32 as on the host). Every tensor-core
-// kernel that applies (K = 32: register prefetch; 128 and 256: also staged, 1 and 2 steps a stage).
+// NaN, 2^-127 subnormal, 6 * 2^127 overflowing to Inf in fp32 as on the host). A NaN scale makes
+// its whole row NaN, as in dequantize-then-matmul (x's zeros times the block's NaN weights). Every
+// tensor-core kernel that applies (K = 32: register prefetch; 128 and 256: also staged, 1 and 2
+// steps a stage).
 void check_exact_decode(int x_dtype, int mode = fp4::kModeNvfp4, int64_t K = fp4::kNvfp4BlockSize) {
   const int64_t N = 4096, M = K;
   const int64_t wrb = std::max<int64_t>(16, K / 2);  // K = 16: a padded row (vector path), bytes 8..15 unused
@@ -413,7 +415,9 @@ void check_exact_decode(int x_dtype, int mode = fp4::kModeNvfp4, int64_t K = fp4
           uint32_t b = w[n * wrb + m / 2];
           uint32_t code = (m & 1) ? (b >> 4) : (b & 0xF);
           const uint8_t s = sc[n * srb + m / fp4::block_size(mode)];
-          float r = fp4::e2m1_to_float(code) * fp4::scale_to_float(mode, s);
+          bool nan_row = false;
+          for (int64_t blk = 0; blk < srb; ++blk) nan_row |= std::isnan(fp4::scale_to_float(mode, sc[n * srb + blk]));
+          float r = nan_row ? NAN : fp4::e2m1_to_float(code) * fp4::scale_to_float(mode, s);
           float y = out[m * N + n];
           if (!(y == r || (std::isnan(y) && std::isnan(r)))) {
             if (bad < 5) std::printf("  decode mismatch x=%s staged=%d mt=%d m=%lld n=%lld code=%u scale=0x%02x y=%g ref=%g\n",
