@@ -53,13 +53,13 @@ DeviceInfo g_dev;
 // kernels (wgmma forced where it can run: elsewhere the glue's next choice runs under its name).
 enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc, kTcStaged, kTcWgmma };
 
-// The glue's choice for `a` (gather_kernel_for, gather_pair_kernel_for, then gather_tc_for's
-// rows rule for wgmma).
+// The glue's choice for `a` (gather_kernel_for, gather_pair_launch, then gather_tc_for's rows
+// rule for wgmma).
 Kind kind_of(const GatherArgs& a) {
   const fp4::GatherW4A16Problem& g = a.g;
   const GatherKernel k = gather_kernel_for(g);
   if (k == GatherKernel::kPairs) {
-    const PairKernel pk = gather_pair_kernel_for(a, vector_loads_ok(g.mm, a.x, a.w), g_dev);
+    const PairKernel pk = gather_pair_launch(a, vector_loads_ok(g.mm, a.x, a.w), g_dev).kernel;
     return pk == PairKernel::kBatchedTc ? Kind::kPairsTc : pk == PairKernel::kDecode ? Kind::kDecode : Kind::kPairs;
   }
   if (k != GatherKernel::kTc) return Kind::kGemv;
@@ -151,31 +151,21 @@ struct Problem {
     a.tile_rows = gather_tile_rows(a.use_tc);
   }
 
-  // The batched dense kernel's launch for this problem (func null where it does not apply).
-  Launch batched() const { return gather_batched_launch(a, g_dev); }
-
-  // The launches of the MLX glue (gather_w4a16_matmul.cpp) for the chosen kernel.
+  // The launches of the MLX glue (gather_w4a16_matmul.cpp) for the chosen kernel; the pair kinds
+  // force their pair kernel as MLX_FP4_CUDA_GATHER_PAIRS does (the rule's order where it cannot run).
   void launch(cudaStream_t st) {
     const bool vec = vector_loads_ok(g.mm, a.x, a.w);
-    if (kernel == Kind::kPairsTc) {
-      const Launch l = batched();
-      if (l.func) {
-        W4A16Args b = batched_args(a);
-        run(l, b, st);
-        return;
-      }
-    }
     if (kernel == Kind::kDecode || kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
-      // Where the decode GEMV does not apply, "decode" is the glue's next choice (batched tensor cores).
-      if (kernel == Kind::kDecode && !gather_decode_ok(a, vec, decode_shape)) {
-        const Launch l = batched();
-        if (l.func) {
-          W4A16Args b = batched_args(a);
-          run(l, b, st);
-          return;
-        }
+      const PairKernel forced = kernel == Kind::kDecode  ? PairKernel::kDecode
+                                : kernel == Kind::kPairs ? PairKernel::kSimt
+                                                         : PairKernel::kBatchedTc;
+      const PairLaunch l = gather_pair_launch(a, vec, g_dev, int(forced), decode_shape);
+      if (l.kernel == PairKernel::kBatchedTc) {
+        W4A16Args b = batched_args(a);
+        run(l.launch, b, st);
+      } else {
+        run(l.launch, a, st);
       }
-      run(gather_pairs_launch(a, vec, kernel == Kind::kDecode, decode_shape), a, st);
       return;
     }
     run(gather_plan_launch(g), a, st);

@@ -1,6 +1,6 @@
 // Framework-free interface of the CUDA gathered W4A16 kernels (gather_w4a16_matmul.cu), launched
 // by the MLX glue (gather_w4a16_matmul.cpp) as CUfunction graph nodes. Decode with few rows: one
-// launch, a pair kernel (each pair reads its expert directly; gather_pair_kernel_for). Otherwise two: the plan groups the
+// launch, a pair kernel (each pair reads its expert directly; gather_pair_launch). Otherwise two: the plan groups the
 // (token, expert) pairs by expert on the device, then one GEMV launch covers every (expert,
 // weight-row tile) at once, each expert's rows streamed once for all its pairs, or (prefill) one
 // grouped tensor-core launch covers the plan's tiles of each expert's rows.
@@ -56,18 +56,18 @@ GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g);
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
 // vec: 16-byte loads of weight and x rows (vector_loads_ok on a.g.mm and the base pointers).
 using fp4::cuda_gather_tiling::PairKernel;
-// The pair kernel of `a`: `forced` where it can run, else the first of PairKernel's order that
-// can. Measured (H200, Qwen3-30B-A3B experts, 1-16 tokens, gather_kernel_harness bench): the
-// batched tensor-core kernel 6.4-47 us against the decode GEMV's 8.1-81 at K = 2048, the same
-// time at K = 768 (benchmarks/results/cuda/moe/gather_kernel_harness_no_local_copies.txt).
-// `batched` (if given) receives the batched launch when that is the choice (no second plan).
-PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1,
-                                  Launch* batched = nullptr);
-// The batched tensor-core launch of the pairs (func null where it cannot run them).
-Launch gather_batched_launch(const GatherArgs& a, const DeviceInfo& dev);
-// The pair GEMV: the decode kernel where gather_decode_ok (and `decode`), else the SIMT pair kernel.
-// `shape` indexes kDecodeShapes (-1: decode_shape_for(K); the harness times each).
-Launch gather_pairs_launch(const GatherArgs& a, bool vec, bool decode = true, int shape = -1);
+// The pair kernel of `a` and its launch: `forced` (a PairKernel, -1 for none) where it can run,
+// else the first of PairKernel's order that can; `shape` indexes kDecodeShapes for the decode
+// GEMV (-1: decode_shape_for(K); the harness times each). The batched kernel takes
+// batched_args(a), the others `a`. Measured (H200, Qwen3-30B-A3B experts, 1-16 tokens,
+// gather_kernel_harness bench): the batched tensor-core kernel 6.4-47 us against the decode
+// GEMV's 8.1-81 at K = 2048, the same time at K = 768
+// (benchmarks/results/cuda/moe/gather_kernel_harness_no_local_copies.txt).
+struct PairLaunch {
+  PairKernel kernel;
+  Launch launch;
+};
+PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1, int shape = -1);
 // Whether the decode GEMV (gather_w4a16_decode.cuh) takes `a` in `shape` (-1 as above): one row
 // of x per pair, bf16/fp16 x, K a multiple of 32 and at least decode_min_k, 16-byte loads, the
 // scales 2-byte aligned (NVFP4 reads a chunk's two scale bytes at once).

@@ -33,7 +33,7 @@ cuda::GatherKernel gather_kernel(const fp4::GatherW4A16Problem& g) {
 }
 
 // MLX_FP4_CUDA_GATHER_PAIRS=tc|decode|simt forces a pair kernel where it can run (tests, A/B
-// timing); -1 when unset (gather_pair_kernel_for's order).
+// timing); -1 when unset (gather_pair_launch's order).
 int pairs_forced() {
   static const int forced = [] {
     const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS");
@@ -104,15 +104,14 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   if (kernel == cuda::GatherKernel::kPairs) {  // one node: no plan, no workspace
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    cuda::Launch tc;
-    const cuda::PairKernel pk = cuda::gather_pair_kernel_for(a, vec, cuda::device_info(device), pairs_forced(), &tc);
-    if (pk == cuda::PairKernel::kBatchedTc) {
+    const cuda::PairLaunch run = cuda::gather_pair_launch(a, vec, cuda::device_info(device), pairs_forced(),
+                                                          decode_shape_forced());
+    if (run.kernel == cuda::PairKernel::kBatchedTc) {
       cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
-      enc.add_kernel_node_ex(tc.func, tc.grid, tc.block, {}, tc.smem, b);
-      return;
+      enc.add_kernel_node_ex(run.launch.func, run.launch.grid, run.launch.block, {}, run.launch.smem, b);
+    } else {
+      enc.add_kernel_node_ex(run.launch.func, run.launch.grid, run.launch.block, {}, run.launch.smem, a);
     }
-    const cuda::Launch run = cuda::gather_pairs_launch(a, vec, pk == cuda::PairKernel::kDecode, decode_shape_forced());
-    enc.add_kernel_node_ex(run.func, run.grid, run.block, {}, run.smem, a);
     return;
   }
 

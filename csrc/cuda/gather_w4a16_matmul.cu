@@ -1,5 +1,5 @@
 // CUDA gathered W4A16 (mixture-of-experts): out[p] = epilogue(mult[e] * x[lhs[p]] @ W[e]^T),
-// e = rhs[p]. Decode with few rows: one pair kernel alone (gather_pair_kernel_for: the batched
+// e = rhs[p]. Decode with few rows: one pair kernel alone (gather_pair_launch: the batched
 // dense staged kernel, the decode GEMV of gather_w4a16_decode.cuh, or the SIMT pair GEMV of
 // gather_w4a16_gemv.cuh). Otherwise two
 // launches in MLX's graph: the plan (gather_w4a16_plan.cuh: pairs grouped by expert on the
@@ -77,8 +77,7 @@ Launch gather_plan_launch(const fp4::GatherW4A16Problem&) {
 
 bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g) {
   // The grouped tensor-core kernel reads half-precision x only (either scale format).
-  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
-  return k != GatherKernel::kTc || half_x;
+  return k != GatherKernel::kTc || half_precision_x(g.mm);
 }
 
 GatherKernel gather_kernel_for(const fp4::GatherW4A16Problem& g) {
@@ -139,34 +138,16 @@ Launch decode_launch(const fp4::GatherW4A16Problem& g, int shape) {
 
 bool gather_decode_ok(const GatherArgs& a, bool vec, int shape) {
   const fp4::GatherW4A16Problem& g = a.g;
-  const bool half_x = g.mm.x_dtype == fp4::kDtypeBF16 || g.mm.x_dtype == fp4::kDtypeF16;
   const bool scales_aligned = g.mm.mode != fp4::kModeNvfp4 || reinterpret_cast<uintptr_t>(a.scales) % 2 == 0;
   const int64_t min_k = fp4::cuda_gather_tiling::decode_min_k(kDecodeShapes[decode_shape(g, shape)]);
-  return vec && half_x && scales_aligned && g.mm.m == 1 && g.mm.k % 32 == 0 && g.mm.k >= min_k && g.pairs <= 65535;
+  return vec && half_precision_x(g.mm) && scales_aligned && g.mm.m == 1 && g.mm.k % 32 == 0 && g.mm.k >= min_k &&
+         g.pairs <= 65535;
 }
 
-Launch gather_batched_launch(const GatherArgs& a, const DeviceInfo& dev) {
-  const bool half_x = a.g.mm.x_dtype == fp4::kDtypeBF16 || a.g.mm.x_dtype == fp4::kDtypeF16;
-  const bool staged = half_x && staged_loads_ok(a.g.mm, a.x, a.w, a.scales);
-  return staged ? tc_batched_launch(a.g.mm, dev, true, a.g.pairs) : Launch{};
-}
+namespace {
 
-PairKernel gather_pair_kernel_for(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced, Launch* batched) {
-  const Launch tc = gather_batched_launch(a, dev);
-  auto runs = [&](PairKernel k) {
-    return k == PairKernel::kSimt || (k == PairKernel::kDecode ? gather_decode_ok(a, vec) : tc.func != nullptr);
-  };
-  const PairKernel k = forced >= 0 && runs(static_cast<PairKernel>(forced)) ? static_cast<PairKernel>(forced)
-                       : runs(PairKernel::kBatchedTc)                       ? PairKernel::kBatchedTc
-                       : runs(PairKernel::kDecode)                          ? PairKernel::kDecode
-                                                                            : PairKernel::kSimt;
-  if (batched && k == PairKernel::kBatchedTc) *batched = tc;
-  return k;
-}
-
-Launch gather_pairs_launch(const GatherArgs& a, bool vec, bool decode, int shape) {
-  const fp4::GatherW4A16Problem& g = a.g;
-  if (decode && gather_decode_ok(a, vec, shape)) return decode_launch(g, decode_shape(g, shape));
+// The SIMT pair GEMV: one warp per weight row, grid (row tiles, pairs).
+Launch simt_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec) {
   Launch l;
   l.func = gemv_func_of_problem(g, true, vec);
   const int64_t gx = (g.mm.n + kWarps - 1) / kWarps;
@@ -174,6 +155,25 @@ Launch gather_pairs_launch(const GatherArgs& a, bool vec, bool decode, int shape
   l.grid = dim3(static_cast<unsigned>(gx), grid_dim(g.pairs, 65535), 1);  // the kernel loops over the rest
   l.block = dim3(kWarps * 32, 1, 1);
   return l;
+}
+
+}  // namespace
+
+PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced, int shape) {
+  const fp4::GatherW4A16Problem& g = a.g;
+  const bool staged = half_precision_x(g.mm) && staged_loads_ok(g.mm, a.x, a.w, a.scales);
+  const Launch tc = staged ? tc_batched_launch(g.mm, dev, true, g.pairs) : Launch{};
+  auto runs = [&](PairKernel k) {
+    return k == PairKernel::kSimt || (k == PairKernel::kDecode ? gather_decode_ok(a, vec, shape) : tc.func != nullptr);
+  };
+  const PairKernel k = forced >= 0 && runs(static_cast<PairKernel>(forced)) ? static_cast<PairKernel>(forced)
+                       : runs(PairKernel::kBatchedTc)                       ? PairKernel::kBatchedTc
+                       : runs(PairKernel::kDecode)                          ? PairKernel::kDecode
+                                                                            : PairKernel::kSimt;
+  const Launch l = k == PairKernel::kBatchedTc ? tc
+                   : k == PairKernel::kDecode  ? decode_launch(g, decode_shape(g, shape))
+                                               : simt_pairs_launch(g, vec);
+  return PairLaunch{k, l};
 }
 
 Launch gather_gemv_launch(const fp4::GatherW4A16Problem& g, bool vec) {

@@ -46,6 +46,11 @@ struct Plan {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// x in bf16 or fp16: what the tensor-core kernels (and the gathered decode GEMV) take.
+inline bool half_precision_x(const fp4::W4A16Problem& p) {
+  return p.x_dtype == fp4::kDtypeBF16 || p.x_dtype == fp4::kDtypeF16;
+}
+
 // True when 16-byte loads of w rows and x rows are aligned for this problem and these pointers.
 inline bool vector_loads_ok(const fp4::W4A16Problem& p, const void* x, const void* w) {
   return p.k % 8 == 0 && p.w_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
@@ -198,7 +203,7 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   Plan plan;
   plan.vec = vec;
   plan.staged = vec && staged;
-  const bool half_x = p.x_dtype == fp4::kDtypeBF16 || p.x_dtype == fp4::kDtypeF16;
+  const bool half_x = half_precision_x(p);
   plan.tc = auto_tc_config(p, dev, plan.staged);
   if (half_x) {
     // Past kTcMaxM the staged kernel (x tiles of 32 rows) still beats dequantize + cuBLASLt up

@@ -64,7 +64,7 @@ FP4_FN constexpr int64_t decode_min_k(const DecodeShape& d) { return int64_t(d.l
 FP4_FN int decode_shape_for(int64_t /*k*/) { return 0; }
 
 // The pair kernels (no plan), in the order the rule tries them: the dense staged tensor-core
-// kernel batched over the pairs, the decode GEMV, the SIMT pair GEMV (gather_pair_kernel_for).
+// kernel batched over the pairs, the decode GEMV, the SIMT pair GEMV (gather_pair_launch).
 enum class PairKernel : int { kBatchedTc = 0, kDecode = 1, kSimt = 2 };
 
 // The kernels of one gathered call: the plan-free pair GEMV, or the plan and then the grouped

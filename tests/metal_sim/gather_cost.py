@@ -68,12 +68,17 @@ def count(sim, work, problem, sorted_hint, force=None):
                    x_dtype=BF16, out_dtype=BF16, sorted_hint=sorted_hint, launch=launch, force=force)
     finally:
         del os.environ["MSIM_COUNT_OUT"]
-    cls, mem = cm.read_counts(sim[1], counts)
-    _, n, _ = w_bytes.shape
-    weights = len(rhs) * n * x.shape[-1]  # pairs x one expert's weights
-    s = cm.summarize(cls, mem, weights, int(launch["threads"]))
-    return {"kernel": launch["kernel"], "grid": launch["grid"], "pairs": len(rhs),
-            "instructions_per_pair_weight": s["instructions_per_weight"],
+    return per_pair(sim[1], counts, problem, int(launch["threads"]), kernel=launch["kernel"], grid=launch["grid"])
+
+
+def per_pair(runner, counts, problem, threadgroup_threads, **fields):
+    """`fields`, the pairs, and one dispatch's counted instructions and device bytes per pair and
+    weight of an expert."""
+    x, w_bytes, _, _, rhs = problem
+    cls, mem = cm.read_counts(runner, counts)
+    weights = len(rhs) * w_bytes.shape[1] * x.shape[-1]  # pairs x one expert's weights
+    s = cm.summarize(cls, mem, weights, threadgroup_threads)
+    return {**fields, "pairs": len(rhs), "instructions_per_pair_weight": s["instructions_per_weight"],
             "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
 
 
@@ -104,10 +109,7 @@ def count_mlx_decode(runner, work, problem):
     counts = Path(work) / f"mlx-decode-{len(rhs)}.txt"
     kind, _ = mk.launch_gather(runner, Path(work) / f"mlx-decode-{len(rhs)}", x.astype(ml_dtypes.bfloat16), w_bytes,
                                scales, lhs, rhs, dtype="bfloat16", env=cm.counting_env(counts))
-    cls, mem = cm.read_counts(runner, counts)
-    s = cm.summarize(cls, mem, len(rhs) * w_bytes.shape[1] * x.shape[-1], 64)  # 32 x 2 threads per group
-    return {"kernel": f"mlx {kind}", "pairs": len(rhs), "instructions_per_pair_weight": s["instructions_per_weight"],
-            "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
+    return per_pair(runner, counts, problem, 64, kernel=f"mlx {kind}")  # 32 x 2 threads per group
 
 
 def decode(sim, work):
