@@ -131,13 +131,15 @@ def test_wgmma_needs_its_conditions(driver):
 
 
 # (N, K, M) -> tile_m/splits: the best of the H200 sweep (kernel us of the plan's pick; the
-# runner-up in brackets). Rule: most blocks within 132 SMs, splits of 1 or 2, 32-row tiles up to M = 64.
+# runner-up in brackets). Rule: most blocks within 132 SMs, splits of 1 or 2, 32-row tiles up to M = 64;
+# past one wave the fewest waves x stages per block (8192^2 M = 192: 64/1's 192 blocks are 2 waves of
+# 32 stages, 64/2's 384 are 3 of 16; 88.6 vs 97.8 us, benchmarks/results/cuda/wgmma/harness_row_blocks_sweep.txt).
 WGMMA_TILES = {
     (8192, 8192, 32): "32/2",     # 24.5 (64/2 31.1)
     (8192, 8192, 64): "64/2",     # 32.6 (32/1 36.3)
     (8192, 8192, 96): "64/1",     # 46.1 (128/2 60.7, the previous plan's pick)
     (8192, 8192, 128): "64/1",    # 47.7 (64/2 59.1)
-    (8192, 8192, 192): "64/1",    # 91.2 (best 64/2 85.7: 6%)
+    (8192, 8192, 192): "64/2",    # 88.6-89.0 in two runs (64/1 97.8-99.1)
     (14336, 4096, 32): "32/1",    # 22.5 (64/1 27.6)
     (14336, 4096, 64): "64/1",    # 29.2 (64/2 40.0)
     (14336, 4096, 128): "64/1",   # 57.3 (best 128/1 54.5: 5%)

@@ -132,32 +132,37 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
 // wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, else 64) and K split (1 or 2,
 // each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks within one wave of
 // dev.sm_count, ties to the least padding of M, then to the wider tile (fewer x tiles, more
-// splits); when none fits one wave, the fewest blocks. This picks the measured best of the H200
-// sweep (docs/cuda.md) at M = 32..128 on 8192^2, 14336 x 4096 and 4096 x 14336 except where
-// 128-row tiles were 5% faster, and is within 6% of it at M = 192.
+// splits); when none fits one wave, the fewest waves x stages per block (a partial last wave
+// costs a whole one), ties to the fewest blocks. This picks the measured best of the H200 sweeps
+// (docs/cuda.md) at M = 32..192 on 8192^2, 14336 x 4096 and 4096 x 14336 except where 128-row
+// tiles were 5-7% faster (14336 x 4096, M = 96..128).
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
   WgmmaConfig best{kWgmmaTileMMid, 1};
-  int64_t best_blocks = -1, best_pad = 0;
+  int64_t best_blocks = -1, best_pad = 0, best_cost = 0;
   for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid)}) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
     for (int sp = 1; sp <= kWgmmaAutoMaxSplits; sp *= 2) {
       if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
       const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
+      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(stages, sp);  // waves x stages
       const bool fits = blocks <= dev.sm_count, best_fits = best_blocks >= 0 && best_blocks <= dev.sm_count;
       bool better;
       if (best_blocks < 0 || fits != best_fits) {
         better = best_blocks < 0 || fits;
+      } else if (fits) {
+        better = blocks > best_blocks || (blocks == best_blocks && padded_m <= best_pad);
       } else {
-        better = (fits ? blocks > best_blocks : blocks < best_blocks) ||
-                 (blocks == best_blocks && padded_m <= best_pad);
+        better = cost < best_cost || (cost == best_cost && blocks < best_blocks) ||
+                 (cost == best_cost && blocks == best_blocks && padded_m <= best_pad);
       }
       if (better) {
         best = WgmmaConfig{tm, sp};
         best_blocks = blocks;
         best_pad = padded_m;
+        best_cost = cost;
       }
     }
   }
