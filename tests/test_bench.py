@@ -127,6 +127,12 @@ def test_measure_budget_logic():
     assert timing.measure(run, cfg, predicted_s=2.0).status == timing.SKIPPED_BUDGET and not calls
     one = timing.measure(run, cfg, predicted_s=0.7)  # room for one product only: no warm-up
     assert one.status == timing.OK and calls == [1] and one.warmup_evals == 0
+    calls.clear()
+    built = timing.measure(lambda c: calls.append(c) or (40.0 if len(calls) == 1 else 0.6), cfg, predicted_s=0.7)
+    assert built.seconds == 0.6 and built.first_call_s == 40.0 and calls == [1, 1]  # a kernel built at this M
+    calls.clear()
+    assert timing.seed_seconds(lambda c: calls.append(c) or (0.026 if len(calls) == 1 else 4e-5)) == 4e-5
+    assert calls == [1, 1]  # the seed of a prediction is a second product, never the first
     ex = timing.Extrapolator()
     ex.record("k", 4, 2.0)
     assert ex.predict("k", 16) == 8.0 and ex.predict("other", 16) is None

@@ -105,6 +105,17 @@ def _tiny_fp4(fused_qkv: bool):
     return model, notes
 
 
+def test_fused_variant_fuses_dense_and_expert_swiglu():
+    """fp4_fused fuses what it can and says how many blocks: every dense MLP of a dense model,
+    every SwitchGLU of an all-MoE one (fuse_swiglu alone leaves an MoE model unchanged)."""
+    from mlx_fp4 import nn as fnn
+
+    for preset, kind in (("tiny", fnn.FP4SwiGLU), ("tiny-moe", fnn.FP4SwitchGLU)):
+        model, notes = decode.build_model(preset, 2, "fp4_fused", seed=3)
+        assert notes["fused_swiglu"] == 2
+        assert sum(isinstance(m, kind) for m in model.modules()) == 2
+
+
 def test_fused_qkv_gives_the_unfused_logits():
     """One FP4Linear over q|k|v rows (exact: rows are independent) decodes with the very logits of
     three FP4Linear, and takes fewer graph nodes per layer."""

@@ -162,8 +162,8 @@ def main(argv=None) -> int:
                 key = (shape.name, impl.name)
                 try:
                     if not extrap.known(key) and m > 1 and math.isfinite(cfg.budget_s):
-                        # Seed the budget's prediction with one product at M=1.
-                        extrap.record(key, 1, impl.runner(impl.make_input(*x_for(1)))(1))
+                        # Seed the budget's prediction with one product at M=1 (after a warm one).
+                        extrap.record(key, 1, timing.seed_seconds(impl.runner(impl.make_input(*x_for(1)))))
                     meas = timing.measure(impl.runner(impl.make_input(*x_for(m))), cfg, extrap.predict(key, m))
                 except Exception as e:  # a missing kernel must not hide the other numbers
                     meas = timing.Measurement(status=f"error: {type(e).__name__}: {e}")

@@ -39,8 +39,8 @@ LABELS = {
     "dense": "dense bf16 (nn.Linear)",
     "mlx_nvfp4": "MLX nvfp4 nn.QuantizedLinear",
     "fp4": "mlx_fp4.nn.FP4Linear (same bytes)",
-    "fp4_fused": "FP4Linear + fuse_swiglu",
-    "fp4_qkv": "FP4Linear + fuse_swiglu + fused QKV",
+    "fp4_fused": "FP4Linear + fused SwiGLU",
+    "fp4_qkv": "FP4Linear + fused SwiGLU + fused QKV",
     "floor": "floor: 1 trivial kernel per linear",
     "floor_view": "floor: 1 view node per linear",
 }
@@ -162,7 +162,10 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
 
         fnn.quantize(model, mode=mode, progress=False)
         if variant in ("fp4_fused", "fp4_qkv"):
-            fnn.fuse_swiglu(model)
+            # Dense SwiGLU MLPs and mlx-lm's SwitchGLU experts: fuse_swiglu alone changes nothing in
+            # an all-MoE model (Qwen3-30B-A3B). The count shows what the variant actually fused.
+            fnn.fuse_switch_glu(fnn.fuse_swiglu(model))
+            notes["fused_swiglu"] = sum(isinstance(m, (fnn.FP4SwiGLU, fnn.FP4SwitchGLU)) for m in model.modules())
         if variant == "fp4_qkv":
             from .decode_qkv import fuse_qkv
 

@@ -57,6 +57,17 @@ def _products(cfg: TimingConfig, per_product: float) -> int:
     return max(1, min(cfg.max_products, math.ceil(cfg.target_eval_s / max(per_product, 1e-9))))
 
 
+# A single product this many times its prediction paid one-time costs (JIT, kernel load).
+ONE_TIME_COST_FACTOR = 4.0
+
+
+def seed_seconds(run: Callable[[int], float]) -> float:
+    """Seconds of one product for seeding an Extrapolator: a second product, the first (one-time
+    costs: a 26 ms first product at M = 1 predicted 3.3 s at M = 128 and skipped the point) untimed."""
+    run(1)
+    return run(1)
+
+
 def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optional[float] = None) -> Measurement:
     """Time one (point, implementation) with ``run(count) -> seconds for count products``.
 
@@ -72,9 +83,14 @@ def measure(run: Callable[[int], float], cfg: TimingConfig, predicted_s: Optiona
         res.status = SKIPPED_BUDGET
         return res
     if predicted_s is not None and 2.0 * predicted_s > budget:
-        # Room for one product only: a single timed run, no warm-up (one-time costs are
-        # negligible next to a call this slow).
-        return _single(res, run(1), start)
+        # Room for one product only: a single timed run, no warm-up, unless it lands far above
+        # its prediction (a kernel built at this new M): then that was the first product, and a
+        # second one is the sample.
+        first = run(1)
+        if first > ONE_TIME_COST_FACTOR * predicted_s:
+            res.first_call_s = first
+            return _single(res, run(1), start)
+        return _single(res, first, start)
 
     first = run(1)
     res.first_call_s = first
