@@ -133,7 +133,8 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
 // each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks within one wave of
 // dev.sm_count, ties to the least padding of M, then to the wider tile (fewer x tiles, more
 // splits); when none fits one wave, the fewest waves x stages per block (a partial last wave
-// costs a whole one), ties to the fewest blocks. This picks the measured best of the H200 sweeps
+// costs a whole one; a deeper split only when it cuts that by kWgmmaSplitMinGainPct), ties to the
+// fewest blocks. This picks the measured best of the H200 sweeps
 // (docs/cuda.md) at M = 32..192 on 8192^2, 14336 x 4096 and 4096 x 14336 except where 128-row
 // tiles were 5-7% faster (14336 x 4096, M = 96..128).
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
@@ -154,6 +155,8 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
         better = best_blocks < 0 || fits;
       } else if (fits) {
         better = blocks > best_blocks || (blocks == best_blocks && padded_m <= best_pad);
+      } else if (sp > best.splits) {  // a deeper split pays for its reduction only with enough gain
+        better = cost * 100 <= best_cost * (100 - kWgmmaSplitMinGainPct);
       } else {
         better = cost < best_cost || (cost == best_cost && blocks < best_blocks) ||
                  (cost == best_cost && blocks == best_blocks && padded_m <= best_pad);

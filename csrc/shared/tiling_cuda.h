@@ -59,6 +59,9 @@ enum : int {
   kWgmmaAutoMaxSplits = 2,  // ... the plan's: 4 was slower than 2 or 1 at every point of the sweep
   kWgmmaSmallTileMaxM = 64,  // the plan tries 32-row x tiles up to here (measured up to M = 64)
   kWgmmaMinStagesPerSplit = 4,
+  // Past one wave, a split K must cut waves x stages per block by this many percent (H200: a 25%
+  // cut at 8192^2 M = 192 ran 10% faster, a 12.5% cut at 14336 x 4096 M = 256 10% slower).
+  kWgmmaSplitMinGainPct = 20,
   // Automatic dispatch to the wgmma kernel for kWgmmaMinM <= M <= kWgmmaMaxM (H200, kernel
   // harness, docs/cuda.md): at M = 32 it beats the staged kernel on 8192^2 (24.5 vs 32.8 us) and
   // 14336 x 4096 (22.5 vs 32.7), loses on 4096 x 14336 (34.2 vs 30.5); for 17 <= M <= 32 both run
