@@ -17,6 +17,9 @@
 #   fullbench  python -m mlx_fp4.bench --device gpu on 8192x8192, 14336x4096, 4096x14336, M = 1..8192
 #              (JSON + PNG + table in $OUT/bench; BENCH_ARGS adds options)
 #   sanitizer  compute-sanitizer memcheck over the kernel harness checks and the GPU matmul tests
+#   ncu        Nsight Compute on the harness's "profile" launches of the wgmma kernel (8192^2, M = 64
+#              and 128, planned tiles): speed of light, warp states, scheduler ($OUT/ncu_wgmma.txt;
+#              needs hardware counters: the Firecracker machines, not gVisor)
 #   moe        csrc/cuda/gather_kernel_harness.cu (check, kernel-time bench), the gathered (MoE) tests
 #              on the GPU (automatic kernel choice, then each kernel forced) and
 #              python -m mlx_fp4.bench moe (BENCH_MOE_ARGS)
@@ -186,6 +189,12 @@ step_bench() {
 step_fullbench() {
   PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu --no-progress --out "$OUT/bench" \
     --shapes 8192x8192 14336x4096 4096x14336 ${BENCH_ARGS:-}
+}
+
+step_ncu() {
+  build_harness || return 1
+  ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section Occupancy -k regex:wgmma_kernel build/gpu/kernel_harness profile > "$OUT/ncu_wgmma.txt"
 }
 
 step_sanitizer() {

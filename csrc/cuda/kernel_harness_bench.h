@@ -253,7 +253,8 @@ void run_bench(bool quick, bool small, bool mid) {
 // A few launches of chosen kernels on 8192 x 8192, for a profiler (ncu -k regex:...).
 void run_profile() {
   const int64_t N = 8192, K = 8192, wrb = K / 2, srb = K / 16;
-  DevBuf dw(N * wrb), ds(N * srb), dx(64 * K * 2), dout(64 * N * 4), wd(N * K * 2);
+  constexpr int64_t kMaxM = 128;  // the wgmma launches below
+  DevBuf dw(N * wrb), ds(N * srb), dx(kMaxM * K * 2), dout(kMaxM * N * 4), wd(N * K * 2);
   CK(cudaMemset(dw.p, 0x35, dw.bytes));
   CK(cudaMemset(ds.p, 0x38, ds.bytes));
   CK(cudaMemset(dx.p, 0x3c, dx.bytes));
@@ -276,6 +277,20 @@ void run_profile() {
       DequantArgs d{a.w, a.scales, wd.p, N, K, wrb, srb, fp4::kDtypeBF16};
       for (int i = 0; i < 2; ++i) launch(dequant_launch(d, true), &d, 0);
     }
+  }
+  // The wgmma kernel at its planned tiles, for `ncu -k regex:wgmma_kernel` (its stall reasons:
+  // docs/cuda.md, "Where the time goes").
+  for (int64_t M : {int64_t(64), kMaxM}) {
+    if (!g_dev.wgmma) break;
+    const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
+    W4A16Args a{};
+    a.x = dx.p;
+    a.w = static_cast<const uint8_t*>(dw.p);
+    a.scales = static_cast<const uint8_t*>(ds.p);
+    a.out = dout.p;
+    a.p = p;
+    const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr, true);
+    for (int i = 0; i < 2; ++i) run_wgmma(plan.wg, a, 0);
   }
   CK(cudaDeviceSynchronize());
 }
