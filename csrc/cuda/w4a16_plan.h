@@ -134,9 +134,9 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
 // dev.sm_count, ties to the least padding of M, then to the wider tile (fewer x tiles, more
 // splits); when none fits one wave, the fewest waves x stages per block (a partial last wave
 // costs a whole one; a deeper split only when it cuts that by kWgmmaSplitMinGainPct), ties to the
-// fewest blocks. This picks the measured best of the H200 sweeps
-// (docs/cuda.md) at M = 32..192 on 8192^2, 14336 x 4096 and 4096 x 14336 except where 128-row
-// tiles were 5-7% faster (14336 x 4096, M = 96..128).
+// fewest blocks. This picks the measured best of the H200 sweeps (docs/cuda.md) at M = 32..192
+// on 8192^2, 14336 x 4096 and 4096 x 14336 except where 128-row tiles were 5-7% faster
+// (14336 x 4096, M = 96..128).
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
