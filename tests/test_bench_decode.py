@@ -17,7 +17,9 @@ def tiny_doc(tmp_path_factory):
     rc = decode.main(["--preset", "tiny", "--layers", "2", "--prompt", "6", "--tokens", "6", "--repeats", "1",
                       "--device", "cpu", "--out", str(out), "--no-plot"])
     assert rc == 0
-    return json.loads((out / "decode_tiny_cpu.json").read_text())
+    doc = json.loads((out / "decode_tiny_cpu.json").read_text())
+    doc["md_text"] = (out / "decode_tiny_cpu.md").read_text()
+    return doc
 
 
 def test_tiny_decode_all_variants(tiny_doc):
@@ -26,6 +28,7 @@ def test_tiny_decode_all_variants(tiny_doc):
     assert set(point["variants"]) == set(decode.VARIANTS)
     pids = {r["pid"] for r in doc["raw"]}
     assert len(pids) == len(decode.VARIANTS)  # one process per variant
+    assert decode.SPREAD_NOTE in doc["md_text"]  # ... so the report says what its ratios carry
     for name, v in point["variants"].items():
         assert v["decode_tok_s"]["median"] > 0 and v["prefill_tok_s"]["median"] > 0, name
         assert len(v["tokens"]) == 6

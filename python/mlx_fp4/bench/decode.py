@@ -44,6 +44,9 @@ LABELS = {
     "floor": "floor: 1 trivial kernel per linear",
     "floor_view": "floor: 1 view node per linear",
 }
+# Identical models in two processes decoded 1.24-1.41x apart on the H200 (docs/moe.md, stop 27).
+SPREAD_NOTE = ("\none process per variant: a ratio between two variants carries the spread between processes "
+               "(identical models have come out up to 1.4x apart); use --processes 3 or more for ratios\n")
 MOE_MODULES = ("qwen3_moe", "gpt_oss")  # presets with expert layers: no floor variant (experts stay)
 # Layer shapes of the public configs; weights are random (no download).
 PRESETS = {
@@ -446,6 +449,7 @@ def main(argv=None) -> int:
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']}, mlx {info['versions']['mlx']}\n\n"
                 f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n"
+                f"{SPREAD_NOTE if args.processes < 2 else ''}"
                 f"\nhost profile of single synchronous decode steps (medians; nodes: mx.export_to_dot of the "
                 f"step's graph)\n\n{host}\n")
     print(text)
