@@ -86,6 +86,18 @@ struct DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
 };
 
+// One product's arguments over device buffers: no epilogue, no global scale.
+W4A16Args device_args(const fp4::W4A16Problem& p, const DevBuf& x, const DevBuf& w, const DevBuf& s,
+                      const DevBuf& out) {
+  W4A16Args a{};
+  a.x = x.p;
+  a.w = static_cast<const uint8_t*>(w.p);
+  a.scales = static_cast<const uint8_t*>(s.p);
+  a.out = out.p;
+  a.p = p;
+  return a;
+}
+
 CUresult launch_cluster(const Launch& l, void** params, cudaStream_t s);  // kernel_harness_wgmma.h
 
 CUresult launch_result(const Launch& l, void* args, cudaStream_t s) {
@@ -390,12 +402,7 @@ void check_exact_decode(int x_dtype, int mode = fp4::kModeNvfp4, int64_t K = fp4
   CK(cudaMemcpy(dx.p, x.data(), x.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
-  W4A16Args a{};
-  a.x = dx.p;
-  a.w = static_cast<const uint8_t*>(dw.p);
-  a.scales = static_cast<const uint8_t*>(ds.p);
-  a.out = dout.p;
-  a.p = p;
+  const W4A16Args a = device_args(p, dx, dw, ds, dout);
   const bool staged_ok = staged_loads_ok(p, a.x, a.w, a.scales);
   int bad = 0, runs = 0;
   for (bool staged : {false, true}) {

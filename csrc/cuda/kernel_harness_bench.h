@@ -260,12 +260,7 @@ void run_profile() {
   CK(cudaMemset(dx.p, 0x3c, dx.bytes));
   for (int64_t M : {1, 16}) {
     const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
-    W4A16Args a{};
-    a.x = dx.p;
-    a.w = static_cast<const uint8_t*>(dw.p);
-    a.scales = static_cast<const uint8_t*>(ds.p);
-    a.out = dout.p;
-    a.p = p;
+    const W4A16Args a = device_args(p, dx, dw, ds, dout);
     const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
     for (bool staged : {true, false}) {
       g_staged = staged;
@@ -283,12 +278,7 @@ void run_profile() {
   for (int64_t M : {int64_t(64), kMaxM}) {
     if (!g_dev.wgmma) break;
     const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
-    W4A16Args a{};
-    a.x = dx.p;
-    a.w = static_cast<const uint8_t*>(dw.p);
-    a.scales = static_cast<const uint8_t*>(ds.p);
-    a.out = dout.p;
-    a.p = p;
+    const W4A16Args a = device_args(p, dx, dw, ds, dout);
     const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr, true);
     for (int i = 0; i < 2; ++i) run_wgmma(plan.wg, a, 0);
   }

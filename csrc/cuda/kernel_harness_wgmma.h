@@ -141,13 +141,7 @@ void check_wgmma_exact_decode(int x_dtype, const WgmmaConfig& cfg) {
   CK(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
   CK(cudaMemset(dout.p, 0, dout.bytes));
-  W4A16Args a{};
-  a.x = dx.p;
-  a.w = static_cast<const uint8_t*>(dw.p);
-  a.scales = static_cast<const uint8_t*>(ds.p);
-  a.out = dout.p;
-  a.p = p;
-  run_wgmma(cfg, a, 0);
+  run_wgmma(cfg, device_args(p, dx, dw, ds, dout), 0);
   CK(cudaDeviceSynchronize());
   std::vector<float> out(M * N);
   CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
