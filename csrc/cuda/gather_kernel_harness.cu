@@ -123,7 +123,7 @@ struct Problem {
   }
 
   Kind kernel = Kind::kGemv;
-  int decode_shape = -1;  // the decode GEMV's kDecodeShapes index (-1: decode_shape_for)
+  int decode_shape = -1;  // the decode GEMV's kDecodeShapes index (-1: kDecodePlannedShape)
 
   // Uploads the inputs and the workspace; `k` picks the kernel.
   void upload(Kind k) {
@@ -441,7 +441,7 @@ void run_bench() {
       }, 2 * kRoutings, st);
       const double mean_rows = std::accumulate(n_rows.begin(), n_rows.end(), 0.0) / kRoutings;
       const double read_gbps = mean_rows * p.g.mm.w_row_bytes / read_us / 1e3;
-      // Every decode GEMV shape where it runs this point (decode_shape_for picks from these lines).
+      // Every decode GEMV shape where it runs this point (kDecodePlannedShape was picked from these lines).
       for (int shape = 0; shape < fp4::cuda_gather_tiling::kNumDecodeShapes && tokens <= 16; ++shape) {
         p.use(Kind::kDecode);
         p.decode_shape = shape;

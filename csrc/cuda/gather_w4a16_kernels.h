@@ -58,7 +58,7 @@ bool gather_kernel_supports(GatherKernel k, const fp4::GatherW4A16Problem& g);
 using fp4::cuda_gather_tiling::PairKernel;
 // The pair kernel of `a` and its launch: `forced` (a PairKernel, -1 for none) where it can run,
 // else the first of PairKernel's order that can; `shape` indexes kDecodeShapes for the decode
-// GEMV (-1: decode_shape_for(K); the harness times each). The batched kernel takes
+// GEMV (-1: kDecodePlannedShape; the harness times each). The batched kernel takes
 // batched_args(a), the others `a`. Measured (H200, Qwen3-30B-A3B experts, 1-16 tokens,
 // gather_kernel_harness bench): the batched tensor-core kernel 6.4-47 us against the decode
 // GEMV's 8.1-81 at K = 2048, the same time at K = 768

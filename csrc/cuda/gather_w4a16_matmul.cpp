@@ -47,7 +47,7 @@ int pairs_forced() {
 }
 
 // MLX_FP4_CUDA_DECODE_SHAPE=i runs the decode GEMV in kDecodeShapes[i] (A/B timing through MLX,
-// tests); -1 (unset) leaves it to decode_shape_for.
+// tests); -1 (unset) leaves it to kDecodePlannedShape.
 int decode_shape_forced() {
   static const int shape = std::getenv("MLX_FP4_CUDA_DECODE_SHAPE") ? std::atoi(std::getenv("MLX_FP4_CUDA_DECODE_SHAPE")) : -1;
   return shape;

@@ -117,7 +117,7 @@ CUfunction decode_func(int x_dtype, int shape) {
 }
 
 int decode_shape(const fp4::GatherW4A16Problem& g, int shape) {
-  return shape >= 0 && shape < kNumDecodeShapes ? shape : fp4::cuda_gather_tiling::decode_shape_for(g.mm.k);
+  return shape >= 0 && shape < kNumDecodeShapes ? shape : fp4::cuda_gather_tiling::kDecodePlannedShape;
 }
 
 Launch decode_launch(const fp4::GatherW4A16Problem& g, int shape) {

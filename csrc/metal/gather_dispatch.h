@@ -120,8 +120,8 @@ inline GatherMetalLaunch gather_metal_plan(const GatherW4A16Problem& g, const Me
   for (int i = 0; i < dense.num_constants; ++i) {
     l.constants[i] = dense.constants[i];
     // the same loads on every expert: their offsets keep the alignment of the first
-    if (l.constants[i].index == kMetalFcGemvAligned) l.constants[i].value &= g.w_expert_bytes % 8 == 0;
-    if (l.constants[i].index == kMetalFcGemmWVec8) l.constants[i].value &= g.w_expert_bytes % 8 == 0;
+    const int fc = l.constants[i].index;
+    if (fc == kMetalFcGemvAligned || fc == kMetalFcGemmWVec8) l.constants[i].value &= g.w_expert_bytes % 8 == 0;
   }
   if (gemm) {
     l.grid_x = uint32_t(dense.params.tiles_n);

@@ -48,7 +48,7 @@ enum : int {
 // block, one load per lane and step); shape 2 is the fastest at K = 768 of eight shapes timed
 // (H200, Qwen3-30B-A3B experts, 1-16 tokens; gather_kernel_harness_no_local_copies.txt): at
 // K = 2048 shape 0 beat every other (8.05 us at 1 token, 8.11-12.06 for the rest), at K = 768
-// the batched tensor-core kernel beat shape 2 (6.93 vs 7.91 us). decode_shape_for picks one by K;
+// the batched tensor-core kernel beat shape 2 (6.93 vs 7.91 us). kDecodePlannedShape is the plan's;
 // the harness times each, MLX_FP4_CUDA_DECODE_SHAPE forces one through MLX.
 struct DecodeShape {
   int lanes, rows, chunks, warps;
@@ -60,8 +60,8 @@ FP4_FN constexpr int decode_rows_per_block(const DecodeShape& d) { return d.warp
 // tensor-core kernel was faster: shape 0 at K = 768, 8 of 32 lanes idle, took 22.9 us where
 // that kernel took 12.7; H200, 8 pairs of 2048 x 768).
 FP4_FN constexpr int64_t decode_min_k(const DecodeShape& d) { return int64_t(d.lanes) * d.chunks * 32; }
-// The shape of a K (a multiple of 32): the first kernel's at every K until the harness says more.
-FP4_FN int decode_shape_for(int64_t /*k*/) { return 0; }
+// The shape the plan runs, at every K (no other shape beat it where the decode GEMV runs).
+inline constexpr int kDecodePlannedShape = 0;
 
 // The pair kernels (no plan), in the order the rule tries them: the dense staged tensor-core
 // kernel batched over the pairs, the decode GEMV, the SIMT pair GEMV (gather_pair_launch).

@@ -10,7 +10,7 @@
 //   gather_wgmma rows experts
 //     -> "ok max_tiles"                  (gather_wgmma_rows_ok, tiles of kWgmmaGroupTileRows)
 //   gather_decode k
-//     -> "shape min_k rows_per_block pairs_max_rows" (decode_shape_for, its decode_min_k and
+//     -> "shape min_k rows_per_block pairs_max_rows" (kDecodePlannedShape, its decode_min_k and
 //        decode_rows_per_block, kPairsMaxRows)
 // Used by tests/test_cuda_plan.py; the device is an H200 (132 SMs, sm_90, the wgmma kernel built).
 #include <cstdint>
@@ -76,7 +76,8 @@ int main() {
       namespace gt = fp4::cuda_gather_tiling;
       int64_t k = 0;
       in >> k;
-      const int shape = gt::decode_shape_for(k);
+      (void)k;  // the plan's shape is the same at every K
+      const int shape = gt::kDecodePlannedShape;
       std::cout << shape << ' ' << gt::decode_min_k(gt::kDecodeShapes[shape]) << ' '
                 << gt::decode_rows_per_block(gt::kDecodeShapes[shape]) << ' ' << int(gt::kPairsMaxRows) << '\n';
     } else {
