@@ -17,9 +17,10 @@
 #   fullbench  python -m mlx_fp4.bench --device gpu on 8192x8192, 14336x4096, 4096x14336, M = 1..8192
 #              (JSON + PNG + table in $OUT/bench; BENCH_ARGS adds options)
 #   sanitizer  compute-sanitizer memcheck over the kernel harness checks and the GPU matmul tests
-#   ncu        Nsight Compute on the harness's "profile" launches of the wgmma kernel (8192^2, M = 64
-#              and 128, planned tiles): speed of light, warp states, scheduler ($OUT/ncu_wgmma.txt;
-#              needs hardware counters: the Firecracker machines, not gVisor)
+#   ncu        Nsight Compute (full set) on the harness's "profile" launches of the wgmma kernel
+#              (8192^2, M = 64 and 128, planned tiles): details ($OUT/ncu_wgmma.txt), per-instruction
+#              source counters and stall samples by region (scripts/ncu_regions.py); needs hardware
+#              counters: the Firecracker machines, not gVisor
 #   moe        csrc/cuda/gather_kernel_harness.cu (check, kernel-time bench), the gathered (MoE) tests
 #              on the GPU (automatic kernel choice, then each kernel forced) and
 #              python -m mlx_fp4.bench moe (BENCH_MOE_ARGS)
@@ -193,8 +194,13 @@ step_fullbench() {
 
 step_ncu() {
   build_harness || return 1
-  ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --section Occupancy -k regex:wgmma_kernel build/gpu/kernel_harness profile > "$OUT/ncu_wgmma.txt"
+  rm -f "$OUT/ncu_wgmma.ncu-rep"
+  ncu --clock-control none --set full --import-source no -k regex:wgmma_kernel -o "$OUT/ncu_wgmma" \
+    build/gpu/kernel_harness profile || return 1
+  ncu --import "$OUT/ncu_wgmma.ncu-rep" --page details > "$OUT/ncu_wgmma.txt"
+  ncu --import "$OUT/ncu_wgmma.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_wgmma_source.csv"
+  ncu --import "$OUT/ncu_wgmma.ncu-rep" --page raw --csv > "$OUT/ncu_wgmma_raw.csv"
+  "$PY" scripts/ncu_regions.py "$OUT/ncu_wgmma_source.csv" "$OUT/ncu_wgmma_raw.csv" | tee "$OUT/ncu_wgmma_regions.txt"
 }
 
 step_sanitizer() {

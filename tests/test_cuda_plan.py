@@ -105,16 +105,16 @@ def test_load_conditions(driver):
     assert driver("loads 4096 2064 256 1024 2048 4096")[0][:2] == ("1", "1")  # padded rows are fine
 
 
-# The wgmma kernel (sm_90a): automatic for 17 <= M <= 192 where its TMA copies apply (16-bit x,
-# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/cuda.md): at M = 32 it
-# beat the staged kernel on 8192^2 (24.5 vs 32.8 us), at M = 64..192 the staged kernel and
-# dequantize + cuBLASLt (8192^2 M = 128: 47.7 vs 84.7 us); at M = 256 dequantize + cuBLASLt won on
-# 14336 x 4096 (85 vs 107 us), at M = 512 on all three shapes.
-@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 96, 128, 192, 193, 256, 512, 8192])
+# The wgmma kernel (sm_90a): automatic for 17 <= M <= 256 where its TMA copies apply (16-bit x,
+# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/cuda.md,
+# harness_staged_epilogue_f3.txt): at M = 32 it beat the staged kernel on 8192^2 (22.2 vs 32.8 us),
+# at M = 64..256 the staged kernel and dequantize + cuBLASLt (M = 256: 74.2 vs 90.8 us on 8192^2,
+# 77.6 vs 82.3 on 14336 x 4096); at M = 512 dequantize + cuBLASLt won on all three shapes.
+@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 96, 128, 192, 256, 257, 512, 8192])
 @pytest.mark.parametrize("shape", [(8192, 8192), (14336, 4096), (4096, 14336)], ids=lambda s: "{}x{}".format(*s))
 def test_wgmma_crossovers(driver, shape, m):
     auto = plan_full(driver, *shape, m, wgmma=1)[0]
-    assert (auto == "wgmma") == (17 <= m <= 192)
+    assert (auto == "wgmma") == (17 <= m <= 256)
     assert plan_full(driver, *shape, m, wgmma=0)[0] != "wgmma"  # loads not ok or not built: never
     assert plan_full(driver, *shape, m, wgmma=1, path="wgmma")[0] == "wgmma"
     assert plan_full(driver, *shape, m, wgmma=1, path="dequant")[0] == "dequant"  # opt-out
@@ -131,24 +131,28 @@ def test_wgmma_needs_its_conditions(driver):
 
 
 # (N, K, M) -> tile_m/splits: the best of the H200 sweep (kernel us of the plan's pick; the
-# runner-up in brackets). Rule: most blocks within 132 SMs, splits of 1 or 2, 32-row tiles up to M = 64;
-# past one wave the fewest waves x stages per block (8192^2 M = 192: 64/1's 192 blocks are 2 waves of
-# 32 stages, 64/2's 384 are 3 of 16; 88.6 vs 97.8 us, benchmarks/results/cuda/wgmma/harness_row_blocks_sweep.txt).
+# runner-up in brackets; benchmarks/results/cuda/wgmma/harness_staged_epilogue_f3.txt). Rule: most
+# blocks within 132 SMs, splits of 1 or 2 (none for 128-row tiles), 32-row tiles up to M = 64; past
+# one wave the fewest waves x stages per block x stage cost (a 128-row stage costs 1.8 64-row ones).
 WGMMA_TILES = {
-    (8192, 8192, 32): "32/2",     # 24.5 (64/2 31.1)
-    (8192, 8192, 64): "64/2",     # 32.6 (32/1 36.3)
-    (8192, 8192, 96): "64/1",     # 46.1 (128/2 60.7, the previous plan's pick)
-    (8192, 8192, 128): "64/1",    # 47.7 (64/2 59.1)
-    (8192, 8192, 192): "64/2",    # 88.6-89.0 in two runs (64/1 97.8-99.1)
-    (14336, 4096, 32): "32/1",    # 22.5 (64/1 27.6)
-    (14336, 4096, 64): "64/1",    # 29.2 (64/2 40.0)
-    (14336, 4096, 128): "64/1",   # 57.3 (best 128/1 54.5: 5%)
-    (14336, 4096, 192): "64/1",   # 82.2
-    (4096, 14336, 32): "32/2",    # 34.2 (32/4 38.7, the previous plan's pick)
-    (4096, 14336, 64): "32/2",    # 35.2 (64/4 49.9, the previous plan's pick)
-    (4096, 14336, 96): "64/2",    # 44.5 (64/1 69.0)
-    (4096, 14336, 128): "64/2",   # 46.3
-    (4096, 14336, 192): "64/1",   # 72.1 (64/2 79.3)
+    (8192, 8192, 32): "32/2",     # 22.2 (64/2 28.4)
+    (8192, 8192, 64): "64/2",     # 27.4 (32/1 32.6)
+    (8192, 8192, 96): "64/1",     # 40.0 (128/2 47.9)
+    (8192, 8192, 128): "64/1",    # 40.6 (128/2 47.0)
+    (8192, 8192, 192): "128/1",   # 75.9, one wave (64/2 72.7: 4% better; 64/1 76.6)
+    (8192, 8192, 256): "128/1",   # 74.2 (64/1 77.0)
+    (14336, 4096, 32): "32/1",    # 20.2 (64/1 23.9)
+    (14336, 4096, 64): "64/1",    # 24.6 (64/2 32.9)
+    (14336, 4096, 96): "128/1",   # 43.6, one wave (64/1 45.5, two)
+    (14336, 4096, 128): "128/1",  # 41.8 (64/1 44.6)
+    (14336, 4096, 192): "64/1",   # 64.6: 3 waves of 16 stages (128/1 80.0: 2 waves x 1.8)
+    (14336, 4096, 256): "128/1",  # 77.6: 2 waves x 1.8 (64/1 83.9: 4 waves; 64/2 is a 12.5% cut of those, below 20%)
+    (4096, 14336, 32): "32/2",    # 30.3 (64/2 35.8)
+    (4096, 14336, 64): "32/2",    # 31.6 (64/2 38.2)
+    (4096, 14336, 96): "64/2",    # 38.8 (64/1 62.8)
+    (4096, 14336, 128): "64/2",   # 39.4 (64/1 63.3)
+    (4096, 14336, 192): "64/1",   # 64.9 (64/2 74.4)
+    (4096, 14336, 256): "64/1",   # 66.3 (128/2 73.9)
     (8192, 1024, 64): "32/1",     # 4 stages of K, no split: two 32-row tiles fill 128 SMs (8192^2: 36.3 vs 64/1 45.2)
 }
 
@@ -158,12 +162,12 @@ def test_wgmma_tiles(driver, shape):
     assert plan_full(driver, *shape, wgmma=1)[3] == WGMMA_TILES[shape]
 
 
-def test_wgmma_forced_beyond_its_range_keeps_the_64_row_tile(driver):
-    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "64/1"
+def test_wgmma_forced_beyond_its_range(driver):
+    # 512 blocks of 32 stages x 1.8 (4 waves) vs 1024 of 32 (8 waves); at M = 512: 147.6 vs 154.2 us.
+    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "128/1"
     assert plan_full(driver, 8192, 8192, 1, wgmma=1, path="wgmma")[3] == "32/2"
-    # 448 blocks of 16 stages (4 waves) vs 896 of 8 (7 waves): a 12.5% cut, below the split's
-    # 20% bar; measured 108.3 us vs 118.9 (harness_plan_4c86614.txt).
-    assert plan_full(driver, 14336, 4096, 256, wgmma=1, path="wgmma")[3] == "64/1"
+    # 896 blocks of 16 stages (7 waves) vs 448 of 16 x 1.8 (4 waves): 64/1, 144.3 vs 148.4 us.
+    assert plan_full(driver, 14336, 4096, 512, wgmma=1, path="wgmma")[3] == "64/1"
 
 
 def test_wgmma_tile_override(driver):

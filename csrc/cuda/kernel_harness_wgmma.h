@@ -192,7 +192,8 @@ void run_wgmma_checks() {
       {8, 65, 4100, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 1, 14, 15}, // K = 4100: 2064 / 272 bytes
       {7, 96, 48, fp4::kDtypeF16, fp4::kDtypeF16, true, 0, 8, 13},      // test_global_scale's shape
       {24, 256, 2048, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 1},       // planned: 17 <= M <= 32
-      {192, 256, 2048, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 2},      // planned: M = kWgmmaMaxM
+      {192, 256, 2048, fp4::kDtypeBF16, fp4::kDtypeBF16, true, 2},      // planned: M = 192, 128-row tiles
+      {256, 200, 2048, fp4::kDtypeF16, fp4::kDtypeBF16, true, 1},       // planned: M = kWgmmaMaxM, N % 8 != 0
   };
   for (const auto& c : cases) {
     g_wg = nullptr;

@@ -142,13 +142,18 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
   WgmmaConfig best{kWgmmaTileMMid, 1};
   int64_t best_blocks = -1, best_pad = 0, best_cost = 0;
-  for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid)}) {
+  for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)}) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
-    for (int sp = 1; sp <= kWgmmaAutoMaxSplits; sp *= 2) {
+    // A stage of the 128-row tile costs kWgmmaLargeTileStageCostPct of a 64-row one; it never
+    // splits (its split K was slower than 64/1 at every measured point).
+    const int64_t stage_cost = tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct : 100;
+    const int max_splits = tm == kWgmmaTileMLarge ? 1 : int(kWgmmaAutoMaxSplits);
+    for (int sp = 1; sp <= max_splits; sp *= 2) {
       if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
       const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
-      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(stages, sp);  // waves x stages
+      // waves x stages per block x stage cost
+      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(stages, sp) * stage_cost;
       const bool fits = blocks <= dev.sm_count, best_fits = best_blocks >= 0 && best_blocks <= dev.sm_count;
       bool better;
       if (best_blocks < 0 || fits != best_fits) {

@@ -195,8 +195,10 @@ __device__ __forceinline__ void wgmma_decode_half(uint32_t (&A)[8][4], const uin
 
 // One half of a stage: 8 wgmma over slices 8 * half .. 8 * half + 7 of the stage's x tile (four
 // TMA boxes of kWgmmaXBoxK values; a slice is 32 bytes into its box's 128-byte rows).
+// x_desc: the descriptor of the stage's x tile; a slice's is that plus its byte offset / 16 (the
+// address field's unit; shared addresses stay below 2^18, so the sum never carries out of it).
 template <typename T, int TM>
-__device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uint32_t (&A)[8][4], uint32_t x_addr,
+__device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uint32_t (&A)[8][4], uint64_t x_desc,
                                                  int half) {
   constexpr int kSlicesPerBox = kWgmmaXBoxK / kWgmmaSliceK;
   constexpr int kSliceBytes = kWgmmaSliceK * 2;
@@ -204,10 +206,67 @@ __device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uin
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int s = 8 * half + i;
-    const uint32_t addr = x_addr + (s / kSlicesPerBox) * (TM * kWgmmaXBoxK * 2) + (s % kSlicesPerBox) * kSliceBytes;
-    wgmma_rs<T, TM>(acc, A[i], wgmma_desc(addr));
+    const uint32_t offset = (s / kSlicesPerBox) * (TM * kWgmmaXBoxK * 2) + (s % kSlicesPerBox) * kSliceBytes;
+    wgmma_rs<T, TM>(acc, A[i], x_desc + (offset >> 4));
   }
   wgmma_commit();
+}
+// Row stride (floats) of the staged output tile: 4 floats of padding put the rows 2t of a lane
+// quad (t = 0..3) in different banks.
+constexpr int kWgmmaTileStride = kWgmmaBlockRows + 4;
+
+// The 256 consumer threads only (named barrier 1; the producer warps may have left).
+__device__ __forceinline__ void wgmma_consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kWgmmaConsumers * 128) : "memory");
+}
+
+// Columns one thread takes in the output loop: a 16-byte store of 16-bit outputs.
+constexpr int kWgmmaOutVec = 8;
+static_assert(kWgmmaOutVec == 8, "store_run writes two float4 or one uint4 per run");
+
+// kWgmmaOutVec floats of a staged tile row (this block's or a peer's, 16-byte aligned) into v, or
+// added to v in that order.
+__device__ __forceinline__ void wgmma_tile_run(const float* src, float (&v)[kWgmmaOutVec], bool add) {
+#pragma unroll
+  for (int q = 0; q < kWgmmaOutVec / 4; ++q) {
+    const float4 f = reinterpret_cast<const float4*>(src)[q];
+    const float g[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[4 * q + e] = add ? v[4 * q + e] + g[e] : g[e];
+  }
+}
+
+// kWgmmaOutVec outputs at element i (a multiple of kWgmmaOutVec of a 16-byte aligned array) in
+// 16-byte stores, rounded as store_from_float rounds.
+__device__ __forceinline__ void store_run(void* out, int dtype, int64_t i, const float (&v)[kWgmmaOutVec]) {
+  if (dtype == fp4::kDtypeF32) {
+    float4* dst = reinterpret_cast<float4*>(static_cast<float*>(out) + i);
+    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+  uint32_t w[kWgmmaOutVec / 2];
+#pragma unroll
+  for (int e = 0; e < kWgmmaOutVec / 2; ++e) {
+    if (dtype == fp4::kDtypeF16) {
+      const __half2 h = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+      w[e] = reinterpret_cast<const uint32_t&>(h);
+    } else {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+      w[e] = reinterpret_cast<const uint32_t&>(b);
+    }
+  }
+  *reinterpret_cast<uint4*>(static_cast<uint8_t*>(out) + i * fp4::dtype_bytes(dtype)) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// D fragment -> tile: register 4j + c holds weight row r0 (+ 8 when c & 2), x row 8j + 2t + (c & 1).
+template <int TM>
+__device__ __forceinline__ void wgmma_stage_tile(const float (&acc)[TM / 2], float* tile, int r0, int t) {
+#pragma unroll
+  for (int j = 0; j < TM / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      tile[(8 * j + 2 * t + (c & 1)) * kWgmmaTileStride + r0 + ((c & 2) ? 8 : 0)] = acc[4 * j + c];
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -227,12 +286,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   constexpr int kWgmmaXBoxes = kWgmmaStageK / kWgmmaXBoxK;
   static_assert(kStages >= 2, "the ring needs two stages");
   static_assert(kWgmmaXBoxes % kWgmmaMaxMulticast == 0, "every multicast share is whole x boxes");
-  static_assert(TM / 2 * 128 * kWgmmaConsumers * 4 <= kStages * kStageBytes, "reduction must fit in the ring");
+  static_assert(TM * kWgmmaTileStride * 4 <= kStages * kStageBytes, "the output tile must fit in the ring");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   __shared__ uint32_t s_scale[256];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kWgmmaAlign - 1) &
-                                             ~uintptr_t(kWgmmaAlign - 1));
+  // Aligned by an offset from smem_raw (not through an integer): the compiler keeps knowing the
+  // pointer is shared memory and emits LDS, not generic loads with 64-bit address arithmetic.
+  uint8_t* smem = smem_raw + (kWgmmaAlign - smem_addr(smem_raw) % kWgmmaAlign) % kWgmmaAlign;
   const W4A16Args& a = args.a;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -324,7 +384,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
     mbar_wait(&full[slot], (i / kStages) & 1);
     __syncwarp();  // the wgmma instructions below are warp-aligned: reconverge after the spin
     const uint8_t* base = smem + slot * kStageBytes;
-    const uint32_t x_addr = smem_addr(base);
+    const uint64_t x_desc = wgmma_desc(smem_addr(base));
     const uint8_t* w = base + kXBytes;
     const uint8_t* sc = w + kWBytes;
     // The lane's 4 scale bytes (64 values) of rows r0 and r0 + 8.
@@ -332,7 +392,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
     const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(sc + (r0 + 8) * kScaleRow + 4 * t);
     wgmma_decode_half<T>(A0, w, r0, t, 0, sc0, sc1, s_scale);
     wgmma_pin<TM / 2>(acc);
-    wgmma_issue_half<T, TM>(acc, A0, x_addr, 0);
+    wgmma_issue_half<T, TM>(acc, A0, x_desc, 0);
     // The previous stage's second half is done: its slot can be refilled.
     wgmma_wait<1>();
     wgmma_pin<TM / 2>(acc);
@@ -346,51 +406,62 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
     }
     __syncwarp();
     wgmma_decode_half<T>(A1, w, r0, t, 1, sc0, sc1, s_scale);
-    wgmma_issue_half<T, TM>(acc, A1, x_addr, 1);
+    wgmma_issue_half<T, TM>(acc, A1, x_desc, 1);
     wgmma_wait<1>();  // the first half is done: A0 may be overwritten
     wgmma_pin<TM / 2>(acc);
   }
   wgmma_wait<0>();
   wgmma_pin<TM / 2>(acc);
 
+  // The epilogue runs on a copy of the tile in shared memory (the ring, now unused), not on the
+  // registers: a loop over elements rather than TM / 2 unrolled copies of the epilogue chain
+  // (whose code did not fit the instruction cache: a quarter of the kernel's samples, ncu), with
+  // consecutive threads storing consecutive columns. Split K: every split stages its tile and
+  // split 0 adds the others' (DSMEM) in rank order, so the sum is deterministic.
+  float* out_tile = reinterpret_cast<float*>(smem);
+  const int ct = tid - 128;
   if (clustered) {
-    // Split K: splits > 0 leave their accumulators in their own ring, split 0 adds them. Every
-    // block waits for the cluster before leaving: peers may still arrive on its barriers.
-    cg::cluster_group cluster = cg::this_cluster();
-    constexpr int kConsumerThreads = 128 * kWgmmaConsumers;
-    float* red = reinterpret_cast<float*>(smem);
-    const int ct = tid - 128;
-    const unsigned rank = cluster.block_rank();
-    __syncthreads();  // every consumer is done with the ring
-    if (split != 0) {
-#pragma unroll
-      for (int i = 0; i < TM / 2; ++i) red[i * kConsumerThreads + ct] = acc[i];
-    }
-    cluster.sync();
-    if (split == 0) {
-      for (unsigned r = 1; r < splits; ++r) {
-        const float* peer = cluster.map_shared_rank(red, rank + r);
-#pragma unroll
-        for (int i = 0; i < TM / 2; ++i) acc[i] += peer[i * kConsumerThreads + ct];
-      }
-    }
-    cluster.sync();  // peers keep their shared memory until split 0 has read it
-    if (split != 0) return;
+    __syncthreads();  // every consumer is done with the ring (the producer joins this one)
+  } else {
+    wgmma_consumer_sync();
   }
-
-  // D fragment: register 4j + c holds weight row r0 (+ 8 when c & 2), x row 8j + 2t + (c & 1).
-  const float gs = a.p.has_global_scale ? *multiplier : 1.0f;
+  wgmma_stage_tile<TM>(acc, out_tile, r0, t);
+  if (clustered) {
+    cg::this_cluster().sync();
+  } else {
+    wgmma_consumer_sync();
+  }
+  if (split == 0) {
+    const unsigned rank = clustered ? cg::this_cluster().block_rank() : 0;
+    const float gs = a.p.has_global_scale ? *multiplier : 1.0f;
+    // Whole 16-byte stores when every run of kWgmmaOutVec columns starts 16-byte aligned.
+    const bool vec_ok = a.p.n % kWgmmaOutVec == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    constexpr int kRuns = kWgmmaBlockRows / kWgmmaOutVec;  // runs of columns per tile row
+    for (int idx = ct; idx < TM * kRuns; idx += kWgmmaConsumers * 128) {
+      const int mi = idx / kRuns, col = idx % kRuns * kWgmmaOutVec;  // row of the tile, first weight row
+      const int64_t n0 = n_base + col;
+      if (mi >= m_rows || n0 >= a.p.n) continue;
+      float v[kWgmmaOutVec];
+      wgmma_tile_run(out_tile + mi * kWgmmaTileStride + col, v, false);
+      for (unsigned r = 1; r < splits; ++r)
+        wgmma_tile_run(cg::this_cluster().map_shared_rank(out_tile, rank + r) + mi * kWgmmaTileStride + col, v, true);
+      const int64_t m = kGrouped ? int64_t(a.out_rows[m_base + mi]) : m_base + mi;
+      if (vec_ok && n0 + kWgmmaOutVec <= a.p.n) {
 #pragma unroll
-  for (int j = 0; j < TM / 8; ++j)
+        for (int e = 0; e < kWgmmaOutVec; ++e) v[e] = finish(a, v[e] * kTcAccScale, m, n0 + e, gs);
+        store_run(a.out, a.p.out_dtype, m * a.p.n + n0, v);
+      } else {
+        // Columns past N: no epilogue either (its operands end at N).
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t n = n_base + r0 + ((c & 2) ? 8 : 0);
-      const int64_t mi = 8 * j + 2 * t + (c & 1);  // row of the tile
-      if (n < a.p.n && mi < m_rows) {
-        const int64_t m = kGrouped ? int64_t(a.out_rows[m_base + mi]) : m_base + mi;
-        store_from_float(a.out, a.p.out_dtype, m * a.p.n + n, finish(a, acc[4 * j + c] * kTcAccScale, m, n, gs));
+        for (int e = 0; e < kWgmmaOutVec; ++e)
+          if (n0 + e < a.p.n)
+            store_from_float(a.out, a.p.out_dtype, m * a.p.n + n0 + e, finish(a, v[e] * kTcAccScale, m, n0 + e, gs));
       }
     }
+  }
+  // Every block waits for the cluster before leaving: peers may still arrive on its barriers or
+  // read its tile.
+  if (clustered) cg::this_cluster().sync();
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 

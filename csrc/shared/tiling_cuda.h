@@ -50,7 +50,10 @@ enum : int {
   kWgmmaXBoxK = 64,         // x values per TMA box row: 128 bytes, the 128-byte swizzle span
   kWgmmaTileMSmall = 32,    // x rows per block (WgmmaConfig::tile_m)
   kWgmmaTileMMid = 64,
-  kWgmmaTileMLarge = 128,   // only 2 stages fit its ring: never faster by > 6% in the sweep, never planned
+  kWgmmaTileMLarge = 128,   // only 2 stages fit its ring: planned when it alone fills one wave or costs less
+  // A stage of the 128-row tile against a 64-row one, in percent (H200, the staged epilogue: one
+  // wave of 64 vs 128 blocks of 32 stages at 8192^2 M = 96, 76.6 vs 43.0 us, 1.78x for 2x the work).
+  kWgmmaLargeTileStageCostPct = 180,
   kWgmmaMaxStages = 6,
   kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
   kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
@@ -63,13 +66,13 @@ enum : int {
   // cut at 8192^2 M = 192 ran 10% faster, a 12.5% cut at 14336 x 4096 M = 256 10% slower).
   kWgmmaSplitMinGainPct = 20,
   // Automatic dispatch to the wgmma kernel for kWgmmaMinM <= M <= kWgmmaMaxM (H200, kernel
-  // harness, docs/cuda.md): at M = 32 it beats the staged kernel on 8192^2 (24.5 vs 32.8 us) and
-  // 14336 x 4096 (22.5 vs 32.7), loses on 4096 x 14336 (34.2 vs 30.5); for 17 <= M <= 32 both run
-  // the same 32-row tiles. Up to M = 192 it beats dequantize + cuBLASLt (8192^2 M = 128: 47.7 vs
-  // 84.7 us; M = 192: 91 vs 93, 14336 x 4096 82 vs 78, 4096 x 14336 72 vs 85); at M = 256
-  // 14336 x 4096 loses 107 vs 85 (the Llama MLP up/gate shape), at 512 all three lose.
+  // harness, the staged epilogue, harness_staged_epilogue_f3.txt): at M = 32 it beats the staged
+  // kernel on 8192^2 (22.2 vs 32.8 us) and 14336 x 4096 (20.2 vs 32.5), ties on 4096 x 14336
+  // (30.3 vs 30.2); for 17 <= M <= 32 both run the same 32-row tiles. Up to M = 256 it beats
+  // dequantize + cuBLASLt on all three shapes (M = 256: 74.2 vs 90.8, 77.6 vs 82.3, 66.3 vs
+  // 86.5 us); at M = 512 all three lose (147.6 vs 126.2 on 8192^2).
   kWgmmaMinM = 17,
-  kWgmmaMaxM = 192,
+  kWgmmaMaxM = 256,
 
   // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
