@@ -106,7 +106,7 @@ def test_load_conditions(driver):
 
 
 # The wgmma kernel (sm_90a): automatic for 17 <= M <= 256 where its TMA copies apply (16-bit x,
-# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/cuda.md,
+# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/wgmma.md,
 # harness_staged_epilogue_f3.txt): at M = 32 it beat the staged kernel on 8192^2 (22.2 vs 32.8 us),
 # at M = 64..256 the staged kernel and dequantize + cuBLASLt (M = 256: 74.2 vs 90.8 us on 8192^2,
 # 77.6 vs 82.3 on 14336 x 4096); at M = 512 dequantize + cuBLASLt won on all three shapes.

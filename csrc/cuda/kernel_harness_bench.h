@@ -274,13 +274,24 @@ void run_profile() {
     }
   }
   // The wgmma kernel at its planned tiles, for `ncu -k regex:wgmma_kernel` (its stall reasons:
-  // docs/cuda.md, "Where the time goes").
+  // docs/wgmma.md, "Where the time goes").
   for (int64_t M : {int64_t(64), kMaxM}) {
     if (!g_dev.wgmma) break;
     const fp4::W4A16Problem p = bf16_problem(M, N, K, wrb, srb);
     const W4A16Args a = device_args(p, dx, dw, ds, dout);
     const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr, true);
     for (int i = 0; i < 2; ++i) run_wgmma(plan.wg, a, 0);
+  }
+  // The kernel's fixed cost: one wave of the same blocks (N = 8192: 64 weight tiles, M = 128 in
+  // two 64-row x tiles, no split) over 1, 4 and 16 stages of K; ncu's durations against the
+  // stage count give the per-stage time and the intercept (docs/wgmma.md, stop 28).
+  constexpr int64_t kFixedCostM = 128;
+  constexpr int64_t kStage = fp4::cuda_tiling::kWgmmaStageK;
+  for (int64_t k : {kStage, 4 * kStage, 16 * kStage}) {
+    if (!g_dev.wgmma) break;
+    const fp4::W4A16Problem p = bf16_problem(kFixedCostM, N, k, k / 2, k / 16);
+    const W4A16Args a = device_args(p, dx, dw, ds, dout);
+    for (int i = 0; i < 2; ++i) run_wgmma(WgmmaConfig{fp4::cuda_tiling::kWgmmaTileMMid, 1}, a, 0);
   }
   CK(cudaDeviceSynchronize());
 }

@@ -370,7 +370,7 @@ void run_wgmma_bench() {
       report("wgmma_permute_only", "-", time_us([&](int) { launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s); }, 1,
                                                  iters, s));
       std::vector<WgmmaConfig> cfgs = {plan.wg};
-      // Split 4 was never the fastest (docs/cuda.md): splits 1 and 2, every multicast.
+      // Split 4 was never the fastest (docs/wgmma.md): splits 1 and 2, every multicast.
       for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)})
         for (int sp : {1, 2})
           for (int mc : {1, 2, 4}) {

@@ -30,7 +30,7 @@ struct DeviceInfo {
 // wgmma kernel configuration: x rows per block (tile_m: 32, 64, 128), blocks of one weight tile
 // splitting K (splits: 1, 2, 4) and weight tiles sharing one multicast x tile (multicast: 1, 2,
 // 4); a cluster holds splits x multicast <= kWgmmaMaxClusterBlocks blocks. Multicast was slower
-// than none at every point of the H200 sweep (docs/cuda.md): the plan keeps 1, MLX_FP4_CUDA_WGMMA
+// than none at every point of the H200 sweep (docs/wgmma.md): the plan keeps 1, MLX_FP4_CUDA_WGMMA
 // forces it.
 struct WgmmaConfig {
   int tile_m = 64, splits = 1, multicast = 1;
