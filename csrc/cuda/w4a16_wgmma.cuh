@@ -215,24 +215,24 @@ __device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uin
 // quad (t = 0..3) in different banks.
 constexpr int kWgmmaTileStride = kWgmmaBlockRows + 4;
 
-// The 256 consumer threads only (named barrier 1; the producer warps may have left).
+// The consumer threads only (named barrier 1; the producer warps may have left).
 __device__ __forceinline__ void wgmma_consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kWgmmaConsumers * 128) : "memory");
 }
 
-// Columns one thread takes in the output loop: a 16-byte store of 16-bit outputs.
-constexpr int kWgmmaOutVec = 8;
-static_assert(kWgmmaOutVec == 8, "store_run writes two float4 or one uint4 per run");
+// Columns one thread takes in the output loop: one 16-byte store of 16-bit outputs.
+constexpr int kWgmmaOutVec = sizeof(uint4) / sizeof(uint16_t);
+constexpr int kFloatsPerVec = sizeof(float4) / sizeof(float);
 
 // kWgmmaOutVec floats of a staged tile row (this block's or a peer's, 16-byte aligned) into v, or
 // added to v in that order.
 __device__ __forceinline__ void wgmma_tile_run(const float* src, float (&v)[kWgmmaOutVec], bool add) {
 #pragma unroll
-  for (int q = 0; q < kWgmmaOutVec / 4; ++q) {
+  for (int q = 0; q < kWgmmaOutVec / kFloatsPerVec; ++q) {
     const float4 f = reinterpret_cast<const float4*>(src)[q];
-    const float g[4] = {f.x, f.y, f.z, f.w};
+    const float g[kFloatsPerVec] = {f.x, f.y, f.z, f.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) v[4 * q + e] = add ? v[4 * q + e] + g[e] : g[e];
+    for (int e = 0; e < kFloatsPerVec; ++e) v[kFloatsPerVec * q + e] = add ? v[kFloatsPerVec * q + e] + g[e] : g[e];
   }
 }
 
@@ -241,8 +241,9 @@ __device__ __forceinline__ void wgmma_tile_run(const float* src, float (&v)[kWgm
 __device__ __forceinline__ void store_run(void* out, int dtype, int64_t i, const float (&v)[kWgmmaOutVec]) {
   if (dtype == fp4::kDtypeF32) {
     float4* dst = reinterpret_cast<float4*>(static_cast<float*>(out) + i);
-    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+    for (int q = 0; q < kWgmmaOutVec / kFloatsPerVec; ++q)
+      dst[q] = make_float4(v[kFloatsPerVec * q], v[kFloatsPerVec * q + 1], v[kFloatsPerVec * q + 2], v[kFloatsPerVec * q + 3]);
     return;
   }
   uint32_t w[kWgmmaOutVec / 2];
@@ -414,9 +415,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   wgmma_pin<TM / 2>(acc);
 
   // The epilogue runs on a copy of the tile in shared memory (the ring, now unused), not on the
-  // registers: a loop over elements rather than TM / 2 unrolled copies of the epilogue chain
-  // (whose code did not fit the instruction cache: a quarter of the kernel's samples, ncu), with
-  // consecutive threads storing consecutive columns. Split K: every split stages its tile and
+  // registers: a loop over runs of kWgmmaOutVec columns rather than TM / 2 unrolled copies of the
+  // epilogue chain (whose code missed the instruction cache: a third of the warp samples at
+  // M = 128, ncu), consecutive threads storing consecutive runs. Split K: every split stages its tile and
   // split 0 adds the others' (DSMEM) in rank order, so the sum is deterministic.
   float* out_tile = reinterpret_cast<float*>(smem);
   const int ct = tid - 128;
@@ -435,7 +436,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
     const unsigned rank = clustered ? cg::this_cluster().block_rank() : 0;
     const float gs = a.p.has_global_scale ? *multiplier : 1.0f;
     // Whole 16-byte stores when every run of kWgmmaOutVec columns starts 16-byte aligned.
-    const bool vec_ok = a.p.n % kWgmmaOutVec == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+    const bool vec_ok = a.p.n % kWgmmaOutVec == 0 && reinterpret_cast<uintptr_t>(a.out) % sizeof(uint4) == 0;
     constexpr int kRuns = kWgmmaBlockRows / kWgmmaOutVec;  // runs of columns per tile row
     for (int idx = ct; idx < TM * kRuns; idx += kWgmmaConsumers * 128) {
       const int mi = idx / kRuns, col = idx % kRuns * kWgmmaOutVec;  // row of the tile, first weight row
