@@ -40,6 +40,40 @@ def test_tiny_decode_all_variants(tiny_doc):
         assert v["first_token_difference_vs_mlx_nvfp4"] is None, name
 
 
+def test_per_process_table(tiny_doc):
+    """The report lists each process's decode median per variant (the spread a ratio carries); on
+    the CPU there is no GPU state to read."""
+    (point,) = tiny_doc["points"]
+    assert "| layers | variant | per process" in tiny_doc["md_text"]
+    for name, v in point["variants"].items():
+        (med,) = v["per_process_decode_median"]
+        assert f"| 2 | {decode.LABELS[name]} | {med:.0f} |" in tiny_doc["md_text"], name
+        assert v["per_process_gpu_state"] == [{"before_runs": None, "after_runs": None}], name
+
+
+def test_gpu_state_parses_nvidia_smi(monkeypatch):
+    import subprocess
+
+    from mlx_fp4.bench import report
+
+    def fake(stdout, rc=0):
+        return lambda *a, **k: subprocess.CompletedProcess(a, rc, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(report.subprocess, "run", fake("1980, 3201, 41, 312.52, 0x0000000000000000\n"))
+    assert report.gpu_state() == dict(zip(report.GPU_STATE_FIELDS, ["1980", "3201", "41", "312.52",
+                                                                     "0x0000000000000000"]))
+    monkeypatch.setattr(report.subprocess, "run", fake("1980, 3201\n"))  # fields missing: not guessed
+    assert report.gpu_state() is None
+    monkeypatch.setattr(report.subprocess, "run", fake("", rc=9))
+    assert report.gpu_state() is None
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(report.subprocess, "run", missing)
+    assert report.gpu_state() is None
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(SystemExit):
         decode.main(["--preset", "tiny", "--repeats", "0", "--device", "cpu"])

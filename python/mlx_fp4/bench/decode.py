@@ -236,10 +236,14 @@ def run_worker(args) -> dict:
     t0 = time.perf_counter()
     trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
     warmup_s = time.perf_counter() - t0
+    from . import report
+
+    gpu_before = report.gpu_state() if _device(args) == "gpu" else None
     runs = []
     for _ in range(args.repeats):
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
+    gpu_after = report.gpu_state() if _device(args) == "gpu" else None
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()
@@ -247,7 +251,7 @@ def run_worker(args) -> dict:
             "warmup_s": warmup_s, "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace,
             "runs": runs, "host_profile": prof,
             "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
-            "peak_memory_bytes": mx.get_peak_memory(),
+            "peak_memory_bytes": mx.get_peak_memory(), "gpu_state": {"before_runs": gpu_before, "after_runs": gpu_after},
             "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
 
 
@@ -304,6 +308,7 @@ def summarize(results, variants, bandwidth_gbps):
                 "decode_tok_s": dec,
                 "prefill_tok_s": _stats([run["prefill_tok_s"] for run in runs]),
                 "per_process_decode_median": [statistics.median([x["decode_tok_s"] for x in r["runs"]]) for r in rs],
+                "per_process_gpu_state": [r.get("gpu_state") for r in rs],
                 "weight_bytes_per_step": wbytes,
                 "weight_gbps": wbytes * dec["median"] / 1e9 if dec else None,
                 "host_profile": rs[0]["host_profile"],
@@ -346,6 +351,25 @@ def table(points, variants) -> str:
                 c += f", {100 * e['bandwidth_fraction']:.0f}% bw"
             cells.append(c)
         lines.append(f"| {p['layers']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def process_table(points, variants) -> str:
+    """One line per (layers, variant): each process's median decode tok/s, in run order, with the
+    SM clock nvidia-smi read after its timed runs where there was one."""
+    lines = ["| layers | variant | per process: decode tok/s (SM MHz after the runs) |", "|---|---|---|"]
+    for p in points:
+        for v in variants:
+            e = p["variants"][v]
+            meds = e.get("per_process_decode_median")
+            if not meds:
+                continue
+            states = e.get("per_process_gpu_state") or [None] * len(meds)
+            cells = []
+            for med, st in zip(meds, states):
+                clock = ((st or {}).get("after_runs") or {}).get("clocks.sm")
+                cells.append(f"{med:.0f}" + (f" ({clock})" if clock else ""))
+            lines.append(f"| {p['layers']} | {LABELS[v]} | " + ", ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -450,6 +474,7 @@ def main(argv=None) -> int:
         f.write(f"`{doc['command']}` on {info['device_name']}, mlx {info['versions']['mlx']}\n\n"
                 f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n"
                 f"{SPREAD_NOTE if args.processes < 2 else ''}"
+                f"\n{process_table(points, args.variants)}\n"
                 f"\nhost profile of single synchronous decode steps (medians; nodes: mx.export_to_dot of the "
                 f"step's graph)\n\n{host}\n")
     print(text)

@@ -140,6 +140,25 @@ def _gpu_name() -> str:
     return "unknown GPU"
 
 
+# nvidia-smi fields read around each decode process's timed runs: a process that decodes slower
+# than its peers can be told apart by its clocks, temperature, power or throttle reasons.
+GPU_STATE_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
+
+
+def gpu_state():
+    """GPU 0's GPU_STATE_FIELDS as strings from nvidia-smi, or None where there is none (or it fails)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_STATE_FIELDS), "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        return None
+    values = [v.strip() for v in lines[0].split(",")]
+    return dict(zip(GPU_STATE_FIELDS, values)) if len(values) == len(GPU_STATE_FIELDS) else None
+
+
 def _git(*args):
     here = os.path.dirname(os.path.abspath(__file__))
     try:
