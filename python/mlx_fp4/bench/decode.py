@@ -251,7 +251,8 @@ def run_worker(args) -> dict:
             "warmup_s": warmup_s, "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace,
             "runs": runs, "host_profile": prof,
             "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
-            "peak_memory_bytes": mx.get_peak_memory(), "gpu_state": {"before_runs": gpu_before, "after_runs": gpu_after},
+            "peak_memory_bytes": mx.get_peak_memory(),
+            "gpu_state": {"before_runs": gpu_before, "after_runs": gpu_after},
             "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
 
 
