@@ -5,7 +5,8 @@
 SOURCE_CSV: `ncu --import R.ncu-rep --page source --csv --print-source sass`; RAW_CSV:
 `ncu --import R.ncu-rep --page raw --csv` (scripts/gpu_check.sh ncu writes both). For each
 profiled launch: duration, tensor-pipe and issue activity, then the warp-stall samples of the
-K loop (the HGMMA span), of the code before it and of the code after it (epilogue, producer).
+K loop (the span of the HGMMA, else HMMA, instructions; the whole kernel without either), of the
+code before it and of the code after it (epilogue, producer).
 Samples count warps, idle ones included: producer warps parked at a barrier show as "barrier".
 """
 import collections
@@ -38,12 +39,16 @@ def regions(header, rows):
     samples = col["Warp Stall Sampling (All Samples)"]
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     base = int(rows[0][0], 16)
-    hgmma = [int(r[0], 16) - base for r in rows if "HGMMA" in r[1]]
-    lo, hi = min(hgmma) - LOOP_HEAD_BYTES, max(hgmma) + LOOP_TAIL_BYTES
+    # The K loop spans the tensor-core instructions (HGMMA, else mma.sync's HMMA); a kernel with
+    # neither is reported as one region.
+    mma = [int(r[0], 16) - base for r in rows if "HGMMA" in r[1]] or \
+        [int(r[0], 16) - base for r in rows if "HMMA" in r[1]]
+    lo, hi = (min(mma) - LOOP_HEAD_BYTES, max(mma) + LOOP_TAIL_BYTES) if mma else (0, int(rows[-1][0], 16) - base)
     total, by_reason = collections.Counter(), collections.defaultdict(collections.Counter)
     for r in rows:
         off = int(r[0], 16) - base
-        name = "K loop" if lo <= off <= hi else ("before the loop" if off < lo else "after the loop")
+        name = ("K loop" if mma else "whole kernel") if lo <= off <= hi else \
+            ("before the loop" if off < lo else "after the loop")
         total[name] += int(r[samples])
         for reason in reasons:
             if r[col[reason]] not in ("", "0"):
