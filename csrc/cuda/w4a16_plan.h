@@ -129,15 +129,16 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = split_k_warps(blocks, nsteps, warp_budget, staged_tile ? kStagedMinSteps : kTcMinSteps);
   return c;
 }
-// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, else 64) and K split (1 or 2,
-// each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks within one wave of
-// dev.sm_count, ties to the least padding of M, then to the wider tile (fewer x tiles, more
-// splits); when none fits one wave, the fewest waves x stages per block (a partial last wave
-// costs a whole one; a deeper split only when it cuts that by kWgmmaSplitMinGainPct), ties to the
-// fewest blocks. This picks the measured best of the H200 sweeps (docs/cuda.md) at M = 32..192
-// on 8192^2, 14336 x 4096 and 4096 x 14336 except where 128-row tiles were 5-7% faster
-// (14336 x 4096, M = 96..128).
+// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, or 128 without split K) and
+// K split (1 or 2, each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks
+// within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
+// x tiles, more splits); when none fits one wave, the fewest waves x stages per block x stage
+// cost (a partial last wave costs a whole one; a 128-row stage kWgmmaLargeTileStageCostPct of a
+// 64-row one; a deeper split only when it cuts that by kWgmmaSplitMinGainPct), ties to the fewest
+// blocks. This picks the measured best of the H200 sweep (docs/wgmma.md) at 20 of 21 points
+// M = 32..512 on 8192^2, 14336 x 4096 and 4096 x 14336 (8192^2 M = 192: 75.9 us vs 72.7 for 64/2).
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
+  constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
   WgmmaConfig best{kWgmmaTileMMid, 1};
@@ -147,7 +148,7 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
     // A stage of the 128-row tile costs kWgmmaLargeTileStageCostPct of a 64-row one; it never
     // splits (its split K was slower than 64/1 at every measured point).
-    const int64_t stage_cost = tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct : 100;
+    const int64_t stage_cost = tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct : kPercent;
     const int max_splits = tm == kWgmmaTileMLarge ? 1 : int(kWgmmaAutoMaxSplits);
     for (int sp = 1; sp <= max_splits; sp *= 2) {
       if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
@@ -161,7 +162,7 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
       } else if (fits) {
         better = blocks > best_blocks || (blocks == best_blocks && padded_m <= best_pad);
       } else if (sp > best.splits) {  // a deeper split pays for its reduction only with enough gain
-        better = cost * 100 <= best_cost * (100 - kWgmmaSplitMinGainPct);
+        better = cost * kPercent <= best_cost * (kPercent - kWgmmaSplitMinGainPct);
       } else {
         better = cost < best_cost || (cost == best_cost && blocks < best_blocks) ||
                  (cost == best_cost && blocks == best_blocks && padded_m <= best_pad);

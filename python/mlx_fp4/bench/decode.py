@@ -227,7 +227,8 @@ def top2_trace(model, prompt, tokens: int):
 def run_worker(args) -> dict:
     variant, layers = args.worker.split(",")
     layers = int(layers)
-    mx.set_default_device(mx.gpu if _device(args) == "gpu" else mx.cpu)
+    on_gpu = _device(args) == "gpu"
+    mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
     t0 = time.perf_counter()
     model, notes = build_model(args.preset, layers, variant, args.seed)
     setup_s = time.perf_counter() - t0
@@ -238,12 +239,12 @@ def run_worker(args) -> dict:
     warmup_s = time.perf_counter() - t0
     from . import report
 
-    gpu_before = report.gpu_state() if _device(args) == "gpu" else None
+    gpu_before = report.gpu_state() if on_gpu else None
     runs = []
     for _ in range(args.repeats):
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
-    gpu_after = report.gpu_state() if _device(args) == "gpu" else None
+    gpu_after = report.gpu_state() if on_gpu else None
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()

@@ -129,15 +129,8 @@ def _gpu_name() -> str:
             return str(name)
     except Exception:
         pass
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        if out:
-            return out.splitlines()[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown GPU"
+    values = _nvidia_smi(("name",))
+    return values[0] if values else "unknown GPU"
 
 
 # nvidia-smi fields read around each decode process's timed runs: a process that decodes slower
@@ -145,10 +138,11 @@ def _gpu_name() -> str:
 GPU_STATE_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
 
 
-def gpu_state():
-    """GPU 0's GPU_STATE_FIELDS as strings from nvidia-smi, or None where there is none (or it fails)."""
+def _nvidia_smi(fields):
+    """GPU 0's values of `fields` (strings, units dropped) from nvidia-smi, or None where there is
+    none, it fails, or the line does not hold one value per field."""
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_STATE_FIELDS), "--format=csv,noheader,nounits"],
+        r = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -156,7 +150,13 @@ def gpu_state():
     if r.returncode != 0 or not lines:
         return None
     values = [v.strip() for v in lines[0].split(",")]
-    return dict(zip(GPU_STATE_FIELDS, values)) if len(values) == len(GPU_STATE_FIELDS) else None
+    return values if len(values) == len(fields) else None
+
+
+def gpu_state():
+    """GPU 0's GPU_STATE_FIELDS as strings from nvidia-smi, or None where there is none (or it fails)."""
+    values = _nvidia_smi(GPU_STATE_FIELDS)
+    return dict(zip(GPU_STATE_FIELDS, values)) if values else None
 
 
 def _git(*args):
