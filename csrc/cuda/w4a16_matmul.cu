@@ -289,6 +289,7 @@ template <typename T>
 CUfunction wgmma_func_t(int tile_m) {
   if (tile_m == kWgmmaTileMSmall) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMSmall>);
   if (tile_m == kWgmmaTileMMid) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMMid>);
+  if (tile_m == kWgmmaTileMWide) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMWide>);
   return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMLarge>);
 }
 constexpr int kGroupTileM = fp4::cuda_gather_tiling::kWgmmaGroupTileRows;
@@ -485,6 +486,7 @@ void preload_kernels() {
       wgmma_permute_launch(WgmmaPermuteArgs{}, dt);
       // Split K x multicast runs as clusters of up to kWgmmaMaxClusterBlocks (portable: no opt-in).
       for (const Launch& l : {wgmma_launch(p, WgmmaConfig{kWgmmaTileMSmall, 1}), wgmma_launch(p, WgmmaConfig{kWgmmaTileMMid, 1}),
+                              wgmma_launch(p, WgmmaConfig{kWgmmaTileMWide, 1}),
                               wgmma_launch(p, WgmmaConfig{kWgmmaTileMLarge, 1}), wgmma_grouped_launch(p, 1)}) {
         const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                               static_cast<int>(l.smem));

@@ -129,26 +129,28 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = split_k_warps(blocks, nsteps, warp_budget, staged_tile ? kStagedMinSteps : kTcMinSteps);
   return c;
 }
-// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, or 128 without split K) and
+// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96, or 128 without split K) and
 // K split (1 or 2, each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks
 // within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
 // x tiles, more splits); when none fits one wave, the fewest waves x stages per block x stage
-// cost (a partial last wave costs a whole one; a 128-row stage kWgmmaLargeTileStageCostPct of a
-// 64-row one; a deeper split only when it cuts that by kWgmmaSplitMinGainPct), ties to the fewest
-// blocks. This picks the measured best of the H200 sweep (docs/wgmma.md) at 20 of 21 points
-// M = 32..512 on 8192^2, 14336 x 4096 and 4096 x 14336 (8192^2 M = 192: 75.9 us vs 72.7 for 64/2).
+// cost (a partial last wave costs a whole one; a 96- or 128-row stage kWgmmaWideTileStageCostPct or
+// kWgmmaLargeTileStageCostPct of a 64-row one; a deeper split only when it cuts that by
+// kWgmmaSplitMinGainPct), ties to the fewest blocks. This picks the measured best of the H200 sweep
+// (docs/wgmma.md) at all 21 points M = 32..256 on 8192^2, 14336 x 4096 and 4096 x 14336.
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
   WgmmaConfig best{kWgmmaTileMMid, 1};
   int64_t best_blocks = -1, best_pad = 0, best_cost = 0;
-  for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMLarge)}) {
+  for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMWide), int(kWgmmaTileMLarge)}) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
-    // A stage of the 128-row tile costs kWgmmaLargeTileStageCostPct of a 64-row one; it never
-    // splits (its split K was slower than 64/1 at every measured point).
-    const int64_t stage_cost = tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct : kPercent;
+    // A stage of the 96- and 128-row tiles costs kWgmma{Wide,Large}TileStageCostPct of a 64-row
+    // one; the 128-row tile never splits (its split K was slower than 64/1 at every measured point).
+    const int64_t stage_cost = tm == kWgmmaTileMLarge  ? kWgmmaLargeTileStageCostPct
+                               : tm == kWgmmaTileMWide ? kWgmmaWideTileStageCostPct
+                                                       : kPercent;
     const int max_splits = tm == kWgmmaTileMLarge ? 1 : int(kWgmmaAutoMaxSplits);
     for (int sp = 1; sp <= max_splits; sp *= 2) {
       if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
@@ -184,7 +186,7 @@ inline bool parse_wgmma(const char* s, WgmmaConfig& cfg) {
   if (!s) return false;
   const int got = std::sscanf(s, "%d,%d,%d", &tm, &sp, &mc);
   if (got != 2 && got != 3) return false;
-  if (tm != kWgmmaTileMSmall && tm != kWgmmaTileMMid && tm != kWgmmaTileMLarge) return false;
+  if (tm != kWgmmaTileMSmall && tm != kWgmmaTileMMid && tm != kWgmmaTileMWide && tm != kWgmmaTileMLarge) return false;
   if (sp != 1 && sp != 2 && sp != 4) return false;
   if (mc != 1 && mc != 2 && mc != 4) return false;
   if (sp * mc > kWgmmaMaxClusterBlocks) return false;

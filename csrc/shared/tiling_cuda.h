@@ -50,10 +50,15 @@ enum : int {
   kWgmmaXBoxK = 64,         // x values per TMA box row: 128 bytes, the 128-byte swizzle span
   kWgmmaTileMSmall = 32,    // x rows per block (WgmmaConfig::tile_m)
   kWgmmaTileMMid = 64,
+  kWgmmaTileMWide = 96,     // M = 96 or 192 in one or two x tiles (3 ring stages; 64-row tiles pad or take 1.5 waves)
   kWgmmaTileMLarge = 128,   // only 2 stages fit its ring: planned when it alone fills one wave or costs less
   // A stage of the 128-row tile against a 64-row one, in percent (H200, the staged epilogue: one
   // wave of 64 vs 128 blocks of 32 stages at 8192^2 M = 96, 76.6 vs 43.0 us, 1.78x for 2x the work).
   kWgmmaLargeTileStageCostPct = 180,
+  // A stage of the 96-row tile against a 64-row one (H200, stop 29, harness_wide_tile_g3.txt): one
+  // wave of 128 blocks of 32 stages at 8192^2, 96/1 at M = 192 against 64/1 at M = 128, 46.4 vs
+  // 40.1 us: 1.16x for 1.5x the work (its ring keeps 3 stages, the 128-row tile's only 2).
+  kWgmmaWideTileStageCostPct = 116,
   kWgmmaMaxStages = 6,
   kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
   kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
