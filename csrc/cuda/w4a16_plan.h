@@ -27,7 +27,7 @@ struct DeviceInfo {
   bool wgmma = false;  // the sm_90a wgmma kernel is built and this device runs it (cc 9.0)
 };
 
-// wgmma kernel configuration: x rows per block (tile_m: 32, 64, 128), blocks of one weight tile
+// wgmma kernel configuration: x rows per block (tile_m: 32, 64, 96, 128), blocks of one weight tile
 // splitting K (splits: 1, 2, 4) and weight tiles sharing one multicast x tile (multicast: 1, 2,
 // 4); a cluster holds splits x multicast <= kWgmmaMaxClusterBlocks blocks. Multicast was slower
 // than none at every point of the H200 sweep (docs/wgmma.md): the plan keeps 1, MLX_FP4_CUDA_WGMMA

@@ -51,7 +51,7 @@ enum : int {
   kWgmmaTileMSmall = 32,    // x rows per block (WgmmaConfig::tile_m)
   kWgmmaTileMMid = 64,
   kWgmmaTileMWide = 96,     // M = 96 or 192 in one or two x tiles (3 ring stages; 64-row tiles pad or take 1.5 waves)
-  kWgmmaTileMLarge = 128,   // only 2 stages fit its ring: planned when it alone fills one wave or costs less
+  kWgmmaTileMLarge = 128,   // only 2 stages fit its ring (a starved ring: 1.25-1.45x slower than 3, stop 29)
   // A stage of the 128-row tile against a 64-row one, in percent (H200, the staged epilogue: one
   // wave of 64 vs 128 blocks of 32 stages at 8192^2 M = 96, 76.6 vs 43.0 us, 1.78x for 2x the work).
   kWgmmaLargeTileStageCostPct = 180,
