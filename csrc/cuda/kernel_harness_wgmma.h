@@ -198,7 +198,7 @@ void run_wgmma_checks() {
   for (const auto& c : cases) {
     g_wg = nullptr;
     check_case(c, Path::kWgmma, nullptr, rng);
-    for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMWide), int(kWgmmaTileMLarge)})
+    for (int tm : kWgmmaTileMs)
       for (int sp : {1, 2, 4})
         for (int mc : {1, 2, 4}) {
           if (sp * mc > kWgmmaMaxClusterBlocks) continue;
@@ -371,7 +371,7 @@ void run_wgmma_bench() {
                                                  iters, s));
       std::vector<WgmmaConfig> cfgs = {plan.wg};
       // Split 4 was never the fastest (docs/wgmma.md): splits 1 and 2, every multicast.
-      for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMWide), int(kWgmmaTileMLarge)})
+      for (int tm : kWgmmaTileMs)
         for (int sp : {1, 2})
           for (int mc : {1, 2, 4}) {
             const bool planned = tm == plan.wg.tile_m && sp == plan.wg.splits && mc == plan.wg.multicast;

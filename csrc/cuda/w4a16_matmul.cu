@@ -485,13 +485,13 @@ void preload_kernels() {
       p.x_dtype = dt;
       wgmma_permute_launch(WgmmaPermuteArgs{}, dt);
       // Split K x multicast runs as clusters of up to kWgmmaMaxClusterBlocks (portable: no opt-in).
-      for (const Launch& l : {wgmma_launch(p, WgmmaConfig{kWgmmaTileMSmall, 1}), wgmma_launch(p, WgmmaConfig{kWgmmaTileMMid, 1}),
-                              wgmma_launch(p, WgmmaConfig{kWgmmaTileMWide, 1}),
-                              wgmma_launch(p, WgmmaConfig{kWgmmaTileMLarge, 1}), wgmma_grouped_launch(p, 1)}) {
+      const auto allow_smem = [](const Launch& l) {
         const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                               static_cast<int>(l.smem));
         if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
-      }
+      };
+      for (int tm : kWgmmaTileMs) allow_smem(wgmma_launch(p, WgmmaConfig{tm, 1}));
+      allow_smem(wgmma_grouped_launch(p, 1));
     }
   }
   strided_copy_launch(StridedCopyArgs{}, 2);

@@ -143,7 +143,7 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
   const int64_t stages = ceil_div(p.k, kWgmmaStageK);
   WgmmaConfig best{kWgmmaTileMMid, 1};
   int64_t best_blocks = -1, best_pad = 0, best_cost = 0;
-  for (int tm : {int(kWgmmaTileMSmall), int(kWgmmaTileMMid), int(kWgmmaTileMWide), int(kWgmmaTileMLarge)}) {
+  for (int tm : kWgmmaTileMs) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
     // A stage of the 96- and 128-row tiles costs kWgmma{Wide,Large}TileStageCostPct of a 64-row
@@ -186,7 +186,7 @@ inline bool parse_wgmma(const char* s, WgmmaConfig& cfg) {
   if (!s) return false;
   const int got = std::sscanf(s, "%d,%d,%d", &tm, &sp, &mc);
   if (got != 2 && got != 3) return false;
-  if (tm != kWgmmaTileMSmall && tm != kWgmmaTileMMid && tm != kWgmmaTileMWide && tm != kWgmmaTileMLarge) return false;
+  if (!is_wgmma_tile_m(tm)) return false;
   if (sp != 1 && sp != 2 && sp != 4) return false;
   if (mc != 1 && mc != 2 && mc != 4) return false;
   if (sp * mc > kWgmmaMaxClusterBlocks) return false;

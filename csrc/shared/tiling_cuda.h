@@ -86,6 +86,13 @@ enum : int {
   kDequantWords = 4,
 };
 
+// The wgmma kernel's x tiles, narrowest first (the plan tries them in this order; a forced
+// MLX_FP4_CUDA_WGMMA tile must be one of them; each has a kernel instantiation).
+inline constexpr int kWgmmaTileMs[] = {kWgmmaTileMSmall, kWgmmaTileMMid, kWgmmaTileMWide, kWgmmaTileMLarge};
+FP4_FN constexpr bool is_wgmma_tile_m(int tm) {
+  return tm == kWgmmaTileMSmall || tm == kWgmmaTileMMid || tm == kWgmmaTileMWide || tm == kWgmmaTileMLarge;
+}
+
 // Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
 FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
 
