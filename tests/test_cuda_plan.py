@@ -105,16 +105,16 @@ def test_load_conditions(driver):
     assert driver("loads 4096 2064 256 1024 2048 4096")[0][:2] == ("1", "1")  # padded rows are fine
 
 
-# The wgmma kernel (sm_90a): automatic for 17 <= M <= 256 where its TMA copies apply (16-bit x,
-# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/wgmma.md,
-# harness_staged_epilogue_f3.txt): at M = 32 it beat the staged kernel on 8192^2 (22.2 vs 32.8 us),
-# at M = 64..256 the staged kernel and dequantize + cuBLASLt (M = 256: 74.2 vs 90.8 us on 8192^2,
-# 77.6 vs 82.3 on 14336 x 4096); at M = 512 dequantize + cuBLASLt won on all three shapes.
-@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 96, 128, 192, 256, 257, 512, 8192])
+# The wgmma kernel (sm_90a): automatic for 17 <= M <= 512 where its TMA copies apply (16-bit x,
+# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/wgmma.md): at M = 32 it
+# beat the staged kernel on 8192^2 (22.2 vs 32.8 us, harness_staged_epilogue_f3.txt); with the
+# 128-row tile's 128-K stages (stop 30, harness_k128_h2) it beat dequantize + cuBLASLt up to M = 512
+# on all three shapes (M = 512: 107.6 vs 126.0 us on 8192^2, 115.5 vs 122.5 on 14336 x 4096).
+@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 96, 128, 192, 256, 257, 512, 513, 8192])
 @pytest.mark.parametrize("shape", [(8192, 8192), (14336, 4096), (4096, 14336)], ids=lambda s: "{}x{}".format(*s))
 def test_wgmma_crossovers(driver, shape, m):
     auto = plan_full(driver, *shape, m, wgmma=1)[0]
-    assert (auto == "wgmma") == (17 <= m <= 256)
+    assert (auto == "wgmma") == (17 <= m <= 512)
     assert plan_full(driver, *shape, m, wgmma=0)[0] != "wgmma"  # loads not ok or not built: never
     assert plan_full(driver, *shape, m, wgmma=1, path="wgmma")[0] == "wgmma"
     assert plan_full(driver, *shape, m, wgmma=1, path="dequant")[0] == "dequant"  # opt-out
@@ -131,30 +131,33 @@ def test_wgmma_needs_its_conditions(driver):
 
 
 # (N, K, M) -> tile_m/splits: the best of the H200 sweep (kernel us of the plan's pick; the
-# runner-up in brackets; benchmarks/results/cuda/wgmma/harness_wide_tile_g3.txt, best of 2 runs).
-# Rule: most blocks within 132 SMs, splits of 1 or 2 (none for 128-row tiles), 32-row tiles up to
-# M = 64; past one wave the fewest waves x stages per block x stage cost (a 96-row stage costs 1.16
-# 64-row ones, a 128-row stage 1.8).
+# runner-up in brackets; benchmarks/results/cuda/wgmma/harness_k128_h2.txt, best of 2 runs: tiles
+# up to 96 rows with stages of 256, the 128-row tile with stages of 128).
+# Rule: most blocks within 132 SMs, splits of 1 or 2, 32-row tiles up to M = 64; past one wave the
+# fewest waves x K units per block x unit cost (a 96-row unit costs 1.16 64-row ones, a 128-row 1.24).
 WGMMA_TILES = {
-    (8192, 8192, 32): "32/2",     # 22.0 (64/2 28.2)
-    (8192, 8192, 64): "64/2",     # 26.8 (32/1 32.3)
-    (8192, 8192, 96): "96/2",     # 31.5 (64/1 40.0)
-    (8192, 8192, 128): "64/1",    # 40.1 (128/2 46.7)
-    (8192, 8192, 192): "96/1",    # 46.4, one wave (96/2 58.6; 64/2 72.6)
-    (8192, 8192, 256): "128/1",   # 74.1 (64/1 76.6)
-    (14336, 4096, 32): "32/1",    # 20.4 (64/1 23.7)
-    (14336, 4096, 64): "64/1",    # 24.4 (96/1 27.7)
-    (14336, 4096, 96): "96/1",    # 28.0, one wave (96/2 38.2; 128/1 43.7)
-    (14336, 4096, 128): "128/1",  # 41.8 (64/1 44.4)
-    (14336, 4096, 192): "96/1",   # 50.8: 2 waves x 1.16 (64/1 64.1: 3 waves)
-    (14336, 4096, 256): "96/1",   # 73.9: 3 waves x 1.16 (128/1 77.7: 2 waves x 1.8)
-    (4096, 14336, 32): "32/2",    # 30.4 (64/2 35.9)
-    (4096, 14336, 64): "32/2",    # 31.3 (64/2 38.0)
-    (4096, 14336, 96): "64/2",    # 38.7 (96/2 43.7)
-    (4096, 14336, 128): "64/2",   # 39.3 (96/2 52.0)
-    (4096, 14336, 192): "96/2",   # 46.3 (64/1 65.1)
-    (4096, 14336, 256): "64/1",   # 66.3 (128/2 72.9)
-    (8192, 1024, 64): "32/1",     # 4 stages of K, no split: two 32-row tiles fill 128 SMs (8192^2: 36.3 vs 64/1 45.2)
+    (8192, 8192, 32): "32/2",     # 22.1 (64/2 28.1)
+    (8192, 8192, 64): "64/2",     # 26.9 (32/1 32.3)
+    (8192, 8192, 96): "96/2",     # 31.5 (128/2 38.2)
+    (8192, 8192, 128): "128/2",   # 36.1 (64/1 39.8)
+    (8192, 8192, 192): "96/1",    # 46.4, one wave (128/1 54.0)
+    (8192, 8192, 256): "128/1",   # 55.3 (128/2 68.8)
+    (8192, 8192, 512): "128/1",   # 107.6 (128/2 132.2)
+    (14336, 4096, 32): "32/1",    # 20.3 (64/1 23.4)
+    (14336, 4096, 64): "64/1",    # 24.3 (96/1 27.6)
+    (14336, 4096, 96): "96/1",    # 27.9, one wave (128/1 31.3)
+    (14336, 4096, 128): "128/1",  # 31.7 (128/2 44.0)
+    (14336, 4096, 192): "96/1",   # 50.9: 2 waves x 1.16 (64/1 63.5: 3 waves)
+    (14336, 4096, 256): "128/1",  # 59.7: 2 waves x 1.24 (96/1 74.2: 3 waves x 1.16)
+    (14336, 4096, 512): "128/1",  # 115.5 (128/2 143.7)
+    (4096, 14336, 32): "32/2",    # 30.4 (64/2 35.4)
+    (4096, 14336, 64): "32/2",    # 31.2 (64/2 37.3)
+    (4096, 14336, 96): "64/2",    # 38.4 (96/2 43.4)
+    (4096, 14336, 128): "64/2",   # 39.0 (128/2 51.0)
+    (4096, 14336, 192): "96/2",   # 46.3 (128/2 61.9)
+    (4096, 14336, 256): "128/2",  # 54.9 (64/1 64.9)
+    (4096, 14336, 512): "128/1",  # 94.9 (128/2 106.9)
+    (8192, 1024, 64): "32/1",     # 4 units of K, no split: two 32-row tiles fill 128 SMs (8192^2: 36.3 vs 64/1 45.2)
 }
 
 
@@ -164,13 +167,11 @@ def test_wgmma_tiles(driver, shape):
 
 
 def test_wgmma_forced_beyond_its_range(driver):
-    # Past M = 256 (dequantize + cuBLASLt unless forced) the cost rule picks 96/1; measured at M = 512
-    # (harness_wide_tile_g3.txt) it is 2.5% behind the best: 8192^2 148.2 us vs 128/1 144.6, 14336 x
-    # 4096 147.4 vs 64/1 143.8. 8192^2 M = 1024: 704 blocks of 32 stages x 1.16 (6 waves) vs 512 x 1.8 (4).
-    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "96/1"
-    assert plan_full(driver, 8192, 8192, 512, wgmma=1, path="wgmma")[3] == "96/1"
+    # Past M = 512 (dequantize + cuBLASLt unless forced) the cost rule keeps the 128-row tile:
+    # 8192^2 M = 1024 is 512 blocks of 32 units x 1.24 (4 waves) against 704 of 96 rows x 1.16 (6).
+    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "128/1"
+    assert plan_full(driver, 14336, 4096, 1024, wgmma=1, path="wgmma")[3] == "128/1"
     assert plan_full(driver, 8192, 8192, 1, wgmma=1, path="wgmma")[3] == "32/2"
-    assert plan_full(driver, 14336, 4096, 512, wgmma=1, path="wgmma")[3] == "96/1"
 
 
 def test_wgmma_tile_override(driver):

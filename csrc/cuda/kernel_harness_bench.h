@@ -286,7 +286,7 @@ void run_profile() {
   // two 64-row x tiles, no split) over 1, 4 and 16 stages of K; ncu's durations against the
   // stage count give the per-stage time and the intercept (docs/wgmma.md, stop 28).
   constexpr int64_t kFixedCostM = 128;
-  constexpr int64_t kStage = fp4::cuda_tiling::kWgmmaStageK;
+  constexpr int64_t kStage = fp4::cuda_tiling::kWgmmaKUnit;
   for (int64_t k : {kStage, 4 * kStage, 16 * kStage}) {
     if (!g_dev.wgmma) break;
     const fp4::W4A16Problem p = bf16_problem(kFixedCostM, N, k, k / 2, k / 16);

@@ -113,10 +113,10 @@ bool run_wgmma(const WgmmaConfig& cfg, const W4A16Args& a, cudaStream_t s) {
   return true;
 }
 
-// Exact decode through the wgmma kernel: K = 256 (one stage), x = identity rows (M = K), so
+// Exact decode through the wgmma kernel: K = 256 (one K unit), x = identity rows (M = K), so
 // y[m, n] = decode(w[n, m]) * scale[n, m / 16] exactly; rows and scales cover every byte and code.
 void check_wgmma_exact_decode(int x_dtype, const WgmmaConfig& cfg) {
-  const int64_t N = 4096, K = fp4::cuda_tiling::kWgmmaStageK, M = K;
+  const int64_t N = 4096, K = fp4::cuda_tiling::kWgmmaKUnit, M = K;
   fp4::W4A16Problem p{};
   p.m = M;
   p.n = N;
@@ -311,7 +311,7 @@ void run_wgmma_graph_probe() {
 void run_wgmma_bench() {
   using namespace fp4::cuda_tiling;
   const std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
-  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 512};
+  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 512, 768, 1024};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::mt19937 rng(7);
@@ -370,12 +370,13 @@ void run_wgmma_bench() {
       report("wgmma_permute_only", "-", time_us([&](int) { launch(wgmma_permute_launch(pa, p.x_dtype), &pa, s); }, 1,
                                                  iters, s));
       std::vector<WgmmaConfig> cfgs = {plan.wg};
-      // Split 4 was never the fastest (docs/wgmma.md): splits 1 and 2, every multicast.
+      // Split 4 was never the fastest (docs/wgmma.md): splits 1 and 2, every multicast (past
+      // M = 512, where the plan's crossover is measured, multicast 1 only).
       for (int tm : kWgmmaTileMs)
         for (int sp : {1, 2})
           for (int mc : {1, 2, 4}) {
             const bool planned = tm == plan.wg.tile_m && sp == plan.wg.splits && mc == plan.wg.multicast;
-            if ((tm == kWgmmaTileMSmall && M > 64) || planned) continue;
+            if ((tm == kWgmmaTileMSmall && M > 64) || planned || (mc > 1 && M > 512)) continue;
             cfgs.push_back(WgmmaConfig{tm, sp, mc});
           }
       for (size_t i = 0; i < cfgs.size(); ++i) {

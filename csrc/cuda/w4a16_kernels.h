@@ -102,7 +102,7 @@ struct WgmmaPermuteArgs {
 struct WgmmaArgs {
   CUtensorMap x_map, w_map, s_map;  // built by wgmma_prepare
   W4A16Args a;
-  int64_t k_stages;  // kp / kWgmmaStageK
+  int64_t k_stages;  // kp / wgmma_stage_k(tile_m)
   int splits;        // blocks of one weight tile splitting K (WgmmaConfig::splits)
   int multicast;     // weight tiles sharing one multicast x tile (WgmmaConfig::multicast)
 };

@@ -281,7 +281,7 @@ bool wgmma_built() {
 #endif
 }
 
-int64_t wgmma_padded_k(int64_t k) { return ceil_div(k, kWgmmaStageK) * kWgmmaStageK; }
+int64_t wgmma_padded_k(int64_t k) { return ceil_div(k, kWgmmaKUnit) * kWgmmaKUnit; }
 
 namespace {
 
@@ -331,16 +331,17 @@ void wgmma_maps(WgmmaArgs& args, const W4A16Args& a, const void* xp, int64_t x_r
   const fp4::W4A16Problem& p = a.p;
   const int64_t kp = wgmma_padded_k(p.k);
   args.a = a;
-  args.k_stages = kp / kWgmmaStageK;
+  args.k_stages = kp / wgmma_stage_k(tile_m);
   const CUtensorMapDataType xt =
       p.x_dtype == fp4::kDtypeF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   encode_2d(&args.x_map, xt, xp, kp, x_rows, kp * 2, kWgmmaXBoxK, tile_m, CU_TENSOR_MAP_SWIZZLE_128B);
   // Weight and scale maps end at K's last byte, not at the row stride: padding bytes of a row
-  // (garbage nibbles, scale bytes past ceil(K / 16) that may decode to NaN) read as zeros.
+  // (garbage nibbles, scale bytes past ceil(K / 16) that may decode to NaN) read as zeros. A
+  // weight box is one part (64-byte rows, unswizzled), a scale box one K unit's 16 bytes.
   encode_2d(&args.w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, fp4::packed_bytes_for_k(p.k), w_rows, p.w_row_bytes,
-            kWgmmaStageK / fp4::kValuesPerByte, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_128B);
+            kWgmmaPartK / fp4::kValuesPerByte, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   encode_2d(&args.s_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.scales, fp4::scale_blocks_for_k(p.k), w_rows,
-            p.scale_row_bytes, kWgmmaStageK / fp4::kBlockSize, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+            p.scale_row_bytes, kWgmmaScaleBox, kWgmmaBlockRows, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 }  // namespace
 

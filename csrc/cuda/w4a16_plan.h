@@ -129,30 +129,29 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = split_k_warps(blocks, nsteps, warp_budget, staged_tile ? kStagedMinSteps : kTcMinSteps);
   return c;
 }
-// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96, or 128 without split K) and
-// K split (1 or 2, each block keeping kWgmmaMinStagesPerSplit stages) giving the most blocks
+// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96 or 128) and K split (1 or
+// 2, each block keeping kWgmmaMinStagesPerSplit K units) giving the most blocks
 // within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
 // x tiles, more splits); when none fits one wave, the fewest waves x stages per block x stage
-// cost (a partial last wave costs a whole one; a 96- or 128-row stage kWgmmaWideTileStageCostPct or
-// kWgmmaLargeTileStageCostPct of a 64-row one; a deeper split only when it cuts that by
-// kWgmmaSplitMinGainPct), ties to the fewest blocks. This picks the measured best of the H200 sweep
-// (docs/wgmma.md) at all 21 points M = 32..256 on 8192^2, 14336 x 4096 and 4096 x 14336.
+// cost (a partial last wave costs a whole one; a K unit of the 96- or 128-row tile
+// kWgmmaWideTileStageCostPct or kWgmmaLargeTileStageCostPct of a 64-row one; a deeper split only
+// when it cuts that by kWgmmaSplitMinGainPct), ties to the fewest blocks. This picks the measured
+// best of the H200 sweep (docs/wgmma.md, stop 30) at all 21 points M = 32..512 on 8192^2,
+// 14336 x 4096 and 4096 x 14336.
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
-  const int64_t stages = ceil_div(p.k, kWgmmaStageK);
+  const int64_t stages = ceil_div(p.k, kWgmmaKUnit);  // K units
   WgmmaConfig best{kWgmmaTileMMid, 1};
   int64_t best_blocks = -1, best_pad = 0, best_cost = 0;
   for (int tm : kWgmmaTileMs) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
-    // A stage of the 96- and 128-row tiles costs kWgmma{Wide,Large}TileStageCostPct of a 64-row
-    // one; the 128-row tile never splits (its split K was slower than 64/1 at every measured point).
+    // A K unit of the 96- and 128-row tiles costs kWgmma{Wide,Large}TileStageCostPct of a 64-row one.
     const int64_t stage_cost = tm == kWgmmaTileMLarge  ? kWgmmaLargeTileStageCostPct
                                : tm == kWgmmaTileMWide ? kWgmmaWideTileStageCostPct
                                                        : kPercent;
-    const int max_splits = tm == kWgmmaTileMLarge ? 1 : int(kWgmmaAutoMaxSplits);
-    for (int sp = 1; sp <= max_splits; sp *= 2) {
+    for (int sp = 1; sp <= int(kWgmmaAutoMaxSplits); sp *= 2) {
       if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
       const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
       // waves x stages per block x stage cost

@@ -18,13 +18,24 @@
 //
 // Lane layout. The decode of one 32-bit word of 8 nibbles (fp4_word) gives the pairs (j, j + 4),
 // j = 0..3; wgmma wants lane t of a warp to hold A columns (2t, 2t + 1) and (2t + 8, 2t + 9) of a
-// 16-wide slice. In a 256-wide stage, lane t takes the 64 values at 64t .. 64t + 63 of each of its
-// two rows (g, g + 8): word r (k = 64t + 8r) feeds slices 2r (pairs 0, 1) and 2r + 1 (pairs 2, 3).
-// So slice s = 2r + h, column 2t + e (+ 8c) reads k = 64t + 8r + 2h + c + 4e: x is permuted into
-// that order once per call (w4a16_wgmma_permute_x_kernel), the weights stay in MLX's layout.
+// 16-wide slice. K runs in parts of kWgmmaPartK = 128 (8 slices, one set of A registers): lane t
+// takes the 32 values at 32t .. 32t + 31 of each of its two rows (g, g + 8), one 16-byte load: word
+// r (k = 32t + 8r) feeds slices 2r (pairs 0, 1) and 2r + 1 (pairs 2, 3). So slice s = 2r + h,
+// column 2t + e (+ 8c) reads k = 32t + 8r + 2h + c + 4e: x is permuted into that order once per
+// call (w4a16_wgmma_permute_x_kernel), the weights stay in MLX's layout.
+//
+// Stages. A stage of the ring is wgmma_stage_k(tile_m) of K: two parts (kWgmmaKUnit) for tiles up
+// to 96 rows, one for the 128-row tile, whose ring then holds 5 stages instead of 2 (a 2-stage
+// ring starved it: 1.25-1.45x slower than 3, docs/wgmma.md). Each part's weights are their own
+// TMA box of 64-byte rows (unswizzled: a quarter warp's 16-byte reads hit distinct banks); a
+// stage's scales are the 16-byte box of its K unit (TMA's minimum box and, found on the H200, an
+// inner coordinate that must be 16-byte aligned: a box at 8 bytes faulted), which two 128-K
+// stages both load.
 #pragma once
 #include <cooperative_groups.h>
 #include <cuda.h>
+
+#include <type_traits>
 
 #include "w4a16_device.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -37,13 +48,17 @@ namespace {
 
 using namespace fp4::cuda_tiling;
 
-// Bytes of one stage of the ring: x (tile_m rows of kWgmmaStageK 16-bit values), the weight rows
-// (kWgmmaStageK / 2 bytes each) and their scale bytes; all multiples of 1024 (128-byte swizzle).
-__host__ __device__ constexpr int wgmma_x_stage_bytes(int tile_m) { return tile_m * kWgmmaStageK * 2; }
-__host__ __device__ constexpr int wgmma_w_stage_bytes() { return kWgmmaBlockRows * kWgmmaStageK / fp4::kValuesPerByte; }
-__host__ __device__ constexpr int wgmma_s_stage_bytes() { return kWgmmaBlockRows * kWgmmaStageK / fp4::kBlockSize; }
+// Bytes of one stage of the ring: x (tile_m rows of wgmma_stage_k 16-bit values), the weight rows
+// of each part (kWgmmaPartK / 2 bytes each) and a scale box per row; all multiples of 1024
+// (128-byte swizzle atoms of x).
+__host__ __device__ constexpr int wgmma_x_stage_bytes(int tile_m) { return tile_m * wgmma_stage_k(tile_m) * 2; }
+__host__ __device__ constexpr int wgmma_w_part_bytes() { return kWgmmaBlockRows * kWgmmaPartK / fp4::kValuesPerByte; }
+__host__ __device__ constexpr int wgmma_w_stage_bytes(int tile_m) {
+  return wgmma_w_part_bytes() * (wgmma_stage_k(tile_m) / kWgmmaPartK);
+}
+__host__ __device__ constexpr int wgmma_s_stage_bytes() { return kWgmmaBlockRows * kWgmmaScaleBox; }
 __host__ __device__ constexpr int wgmma_stage_bytes(int tile_m) {
-  return wgmma_x_stage_bytes(tile_m) + wgmma_w_stage_bytes() + wgmma_s_stage_bytes();
+  return wgmma_x_stage_bytes(tile_m) + wgmma_w_stage_bytes(tile_m) + wgmma_s_stage_bytes();
 }
 constexpr int kWgmmaAlign = 1024;  // 128-byte swizzle atoms: 8 rows of 128 bytes
 __host__ __device__ constexpr int wgmma_stages(int tile_m) {
@@ -55,10 +70,10 @@ __host__ __device__ constexpr int wgmma_smem_bytes(int tile_m) {
   return wgmma_stages(tile_m) * wgmma_stage_bytes(tile_m) + kWgmmaAlign;
 }
 
-// Position `pos` (0..255) of a permuted stage holds x at this k offset of the stage (see top).
+// Position `pos` (0..kWgmmaPartK - 1) of a permuted part holds x at this k offset of the part (see top).
 __host__ __device__ __forceinline__ int wgmma_permuted_k(int pos) {
   const int s = pos >> 4, c = (pos >> 3) & 1, t = (pos >> 1) & 3, e = pos & 1;
-  return 64 * t + 8 * (s >> 1) + 2 * (s & 1) + c + 4 * e;
+  return kLaneK * t + fp4::kValuesPerWord * (s >> 1) + 2 * (s & 1) + c + 4 * e;
 }
 
 // x -> xp: one thread writes 8 consecutive permuted values (16 bytes); zeros past K. With a row
@@ -73,12 +88,12 @@ __global__ void w4a16_wgmma_permute_x_kernel(const WgmmaPermuteArgs pa) {
     const int64_t m = idx / chunks_per_row;
     const int64_t src = pa.rows ? int64_t(pa.rows[m]) : m;
     const int64_t p0 = (idx % chunks_per_row) * kChunk;
-    const int64_t stage_k = p0 / kWgmmaStageK * kWgmmaStageK;
-    const int pos = static_cast<int>(p0 - stage_k);
+    const int64_t part_k = p0 / kWgmmaPartK * kWgmmaPartK;
+    const int pos = static_cast<int>(p0 - part_k);
     uint16_t v[kChunk];
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      const int64_t k = stage_k + wgmma_permuted_k(pos + i);
+      const int64_t k = part_k + wgmma_permuted_k(pos + i);
       const T xv = k < pa.k && src >= 0 ? x[src * pa.k + k] : T(0.0f);
       v[i] = reinterpret_cast<const uint16_t&>(xv);
     }
@@ -141,6 +156,12 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(mask)
       : "memory");
 }
+// A consumer warp's release of a slot to every block of its multicast group (remote arrives). Out
+// of line: each arrive compiles to a fenced sequence (MEMBAR.ALL.GPU, ERRBAR, CGAERRBAR) that would
+// otherwise sit, per peer, in the K loop's code, which multicast 1 never runs.
+__device__ __noinline__ void mbar_release_group(uint64_t* bar, unsigned mcast, unsigned splits, unsigned split) {
+  for (unsigned peer = 0; peer < mcast; ++peer) mbar_arrive_cluster(bar, peer * splits + split);
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
@@ -161,23 +182,22 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) | (kSwizzle128 << 62);
 }
 
-// A operands of 8 slices (one half of a stage) for this lane: rows r0 and r0 + 8 of the block's
-// weight tile, words 4 * half .. 4 * half + 3 of the lane's 64 values, block scales from the table.
-// The weight tile is in the TMA's 128-byte swizzle: 16-byte chunk c of row r sits at c ^ (r % 8).
+// A operands of the 8 slices of a part for this lane: rows r0 and r0 + 8 of the part's weight
+// tile (rows of kWgmmaPartK / 2 bytes), the lane's 16 bytes (4 words) of each, block scales from
+// the table. sc0 / sc1: the lane's 2 scale bytes (blocks 2t, 2t + 1 of the part) of rows r0, r0 + 8.
 template <typename T>
-__device__ __forceinline__ void wgmma_decode_half(uint32_t (&A)[8][4], const uint8_t* w, int r0, int t, int half,
-                                                  uint32_t sc0, uint32_t sc1, const uint32_t* s_scale) {
+__device__ __forceinline__ void wgmma_decode_part(uint32_t (&A)[8][4], const uint8_t* w, int r0, int t, uint32_t sc0,
+                                                  uint32_t sc1, const uint32_t* s_scale) {
   using Mma = Mma16<T>;
-  constexpr int kRowBytes = kWgmmaStageK / fp4::kValuesPerByte;
-  const int chunk = (2 * t + half) ^ (r0 & 7);  // rows r0 and r0 + 8 share r % 8
-  const uint4 v0 = *reinterpret_cast<const uint4*>(w + r0 * kRowBytes + chunk * kLaneBytes);
-  const uint4 v1 = *reinterpret_cast<const uint4*>(w + (r0 + 8) * kRowBytes + chunk * kLaneBytes);
+  constexpr int kRowBytes = kWgmmaPartK / fp4::kValuesPerByte;
+  const uint4 v0 = *reinterpret_cast<const uint4*>(w + r0 * kRowBytes + t * kLaneBytes);
+  const uint4 v1 = *reinterpret_cast<const uint4*>(w + (r0 + 8) * kRowBytes + t * kLaneBytes);
   const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w};
   const uint32_t w1[4] = {v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    // Word r = 4 * half + q starts at k = 64t + 8r: scale byte (64t + 8r) / 16 - 4t of the lane's 4.
-    const int sb = 8 * (2 * half + (q >> 1));
+    // Word q starts at k = 32t + 8q: the lane's scale byte q / 2.
+    const int sb = 8 * (q >> 1);
     const uint32_t s0 = s_scale[(sc0 >> sb) & 0xFFu];
     const uint32_t s1 = s_scale[(sc1 >> sb) & 0xFFu];
     uint32_t p0[4], p1[4];
@@ -193,19 +213,19 @@ __device__ __forceinline__ void wgmma_decode_half(uint32_t (&A)[8][4], const uin
   }
 }
 
-// One half of a stage: 8 wgmma over slices 8 * half .. 8 * half + 7 of the stage's x tile (four
-// TMA boxes of kWgmmaXBoxK values; a slice is 32 bytes into its box's 128-byte rows).
+// One part of a stage: 8 wgmma over slices 8 * part .. 8 * part + 7 of the stage's x tile (TMA
+// boxes of kWgmmaXBoxK values; a slice is 32 bytes into its box's 128-byte rows).
 // x_desc: the descriptor of the stage's x tile; a slice's is that plus its byte offset / 16 (the
 // address field's unit; shared addresses stay below 2^18, so the sum never carries out of it).
 template <typename T, int TM>
-__device__ __forceinline__ void wgmma_issue_half(float (&acc)[TM / 2], const uint32_t (&A)[8][4], uint64_t x_desc,
-                                                 int half) {
+__device__ __forceinline__ void wgmma_issue_part(float (&acc)[TM / 2], const uint32_t (&A)[8][4], uint64_t x_desc,
+                                                 int part) {
   constexpr int kSlicesPerBox = kWgmmaXBoxK / kWgmmaSliceK;
   constexpr int kSliceBytes = kWgmmaSliceK * 2;
   wgmma_fence();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int s = 8 * half + i;
+    const int s = 8 * part + i;
     const uint32_t offset = (s / kSlicesPerBox) * (TM * kWgmmaXBoxK * 2) + (s % kSlicesPerBox) * kSliceBytes;
     wgmma_rs<T, TM>(acc, A[i], x_desc + (offset >> 4));
   }
@@ -281,12 +301,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   constexpr int kStages = wgmma_stages(TM);
   constexpr int kStageBytes = wgmma_stage_bytes(TM);
   constexpr int kXBytes = wgmma_x_stage_bytes(TM);
-  constexpr int kWBytes = wgmma_w_stage_bytes();
+  constexpr int kWBytes = wgmma_w_stage_bytes(TM);
+  constexpr int kStageK = wgmma_stage_k(TM);
+  constexpr int kParts = kStageK / kWgmmaPartK;         // parts (sets of A registers) per stage
+  constexpr int kUnitStages = kWgmmaKUnit / kStageK;   // stages per K unit (one scale box)
   constexpr int kConsumerWarps = kWgmmaConsumers * 4;
   constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
-  constexpr int kWgmmaXBoxes = kWgmmaStageK / kWgmmaXBoxK;
+  constexpr int kWgmmaXBoxes = kStageK / kWgmmaXBoxK;
   static_assert(kStages >= 2, "the ring needs two stages");
-  static_assert(kWgmmaXBoxes % kWgmmaMaxMulticast == 0, "every multicast share is whole x boxes");
+  static_assert(kParts == 1 || kParts == 2, "the consumers' loop runs two parts per pass");
   static_assert(TM * kWgmmaTileStride * 4 <= kStages * kStageBytes, "the output tile must fit in the ring");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
@@ -317,8 +340,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   }
   const unsigned split = blockIdx.x % splits;
   const unsigned group_pos = static_cast<unsigned>(tile % mcast);  // rank = group_pos * splits + split
-  const int64_t st_begin = args.k_stages * split / splits;
-  const int nst = static_cast<int>(args.k_stages * (split + 1) / splits - st_begin);
+  // Splits cut K at whole units (k_stages is a multiple of kUnitStages: K is padded to
+  // kWgmmaKUnit), so every block runs an even number of parts.
+  const int64_t units = args.k_stages / kUnitStages;
+  const int64_t st_begin = units * split / splits * kUnitStages;
+  const int nst = static_cast<int>(units * (split + 1) / splits * kUnitStages - st_begin);
   uint16_t group_mask = 0;  // the ranks sharing this block's x tile and K range
   for (unsigned peer = 0; peer < mcast; ++peer) group_mask |= uint16_t(1u << (peer * splits + split));
 
@@ -350,17 +376,20 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
         mbar_expect_tx(&full[slot], kStageBytes);
 #pragma unroll
         for (int j = 0; j < kWgmmaXBoxes; ++j) {
+          // Box j comes from group position j % mcast (two boxes and 4 peers: two copy none).
           uint8_t* dst = base + j * (TM * kWgmmaXBoxK * 2);
-          const int c0 = st * kWgmmaStageK + j * kWgmmaXBoxK;
+          const int c0 = st * kStageK + j * kWgmmaXBoxK;
           if (mcast == 1) {
             tma_load_2d(dst, &args.x_map, &full[slot], c0, static_cast<int>(m_base));
           } else if (unsigned(j) % mcast == group_pos) {
             tma_load_2d_multicast(dst, &args.x_map, &full[slot], c0, static_cast<int>(m_base), group_mask);
           }
         }
-        tma_load_2d(base + kXBytes, &args.w_map, &full[slot], st * (kWgmmaStageK / fp4::kValuesPerByte),
-                    static_cast<int>(w_base + n_base));
-        tma_load_2d(base + kXBytes + kWBytes, &args.s_map, &full[slot], st * (kWgmmaStageK / fp4::kBlockSize),
+#pragma unroll
+        for (int part = 0; part < kParts; ++part)
+          tma_load_2d(base + kXBytes + part * wgmma_w_part_bytes(), &args.w_map, &full[slot],
+                      (st * kParts + part) * (kWgmmaPartK / fp4::kValuesPerByte), static_cast<int>(w_base + n_base));
+        tma_load_2d(base + kXBytes + kWBytes, &args.s_map, &full[slot], st / kUnitStages * kWgmmaScaleBox,
                     static_cast<int>(w_base + n_base));
       }
     }
@@ -374,42 +403,68 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   const int r0 = (wg - 1) * kWgmmaRows + warp * 16 + g;  // this lane's first weight row in the tile
-  constexpr int kScaleRow = kWgmmaStageK / fp4::kBlockSize;
   float acc[TM / 2];
 #pragma unroll
   for (int i = 0; i < TM / 2; ++i) acc[i] = 0.0f;
-  uint32_t A0[8][4], A1[8][4];
-#pragma unroll 1
-  for (int i = 0; i < nst; ++i) {
-    const int slot = i % kStages;
-    mbar_wait(&full[slot], (i / kStages) & 1);
-    __syncwarp();  // the wgmma instructions below are warp-aligned: reconverge after the spin
-    const uint8_t* base = smem + slot * kStageBytes;
-    const uint64_t x_desc = wgmma_desc(smem_addr(base));
-    const uint8_t* w = base + kXBytes;
-    const uint8_t* sc = w + kWBytes;
-    // The lane's 4 scale bytes (64 values) of rows r0 and r0 + 8.
-    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(sc + r0 * kScaleRow + 4 * t);
-    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(sc + (r0 + 8) * kScaleRow + 4 * t);
-    wgmma_decode_half<T>(A0, w, r0, t, 0, sc0, sc1, s_scale);
-    wgmma_pin<TM / 2>(acc);
-    wgmma_issue_half<T, TM>(acc, A0, x_desc, 0);
-    // The previous stage's second half is done: its slot can be refilled.
-    wgmma_wait<1>();
-    wgmma_pin<TM / 2>(acc);
-    if (i > 0 && lane == 0) {
-      uint64_t* bar = &empty[(i - 1) % kStages];
-      if (mcast == 1) {
-        mbar_arrive(bar);
-      } else {
-        for (unsigned peer = 0; peer < mcast; ++peer) mbar_arrive_cluster(bar, peer * splits + split);
+  // Part j decodes into A[j % 2] while part j - 1's wgmma run from the other set; after issuing,
+  // it waits for part j - 1's group (one group in flight), and when that part ended its stage,
+  // releases the stage's slot. Parts come in pairs (sub = 0, kParts - 1: compile-time, so no
+  // branch sits between the wgmma: a conditional one made ptxas serialize them, C7513).
+  int slot = 0, prev_slot = kStages - 1;
+  uint32_t phase = 0, sc0 = 0, sc1 = 0;
+  const uint8_t* base = smem;
+  const auto run_part = [&](int j, uint32_t (&A)[8][4], auto sub_c) {
+    constexpr int sub = decltype(sub_c)::value;  // the part's index in its stage
+    if constexpr (sub == 0) {
+      mbar_wait(&full[slot], phase);
+      __syncwarp();  // the wgmma instructions below are warp-aligned: reconverge after the spin
+      base = smem + slot * kStageBytes;
+      // The lane's 2 scale bytes per part of rows r0 and r0 + 8 (both parts' when kParts = 2):
+      // the stage's 8 bytes per part sit at (its index in the K unit) x 8 of the unit's box.
+      constexpr int kPartScaleBytes = kWgmmaPartK / fp4::kBlockSize;
+      const int unit_part = (j / kParts % kUnitStages) * kParts;
+      const uint8_t* sc = base + kXBytes + kWBytes + unit_part * kPartScaleBytes + 2 * t;
+      const auto scale_pair = [&](int row, int part) {  // 2-byte aligned: rows of 16 bytes, even offsets
+        return uint32_t(*reinterpret_cast<const uint16_t*>(sc + row * kWgmmaScaleBox + part * kPartScaleBytes));
+      };
+      sc0 = scale_pair(r0, 0);
+      sc1 = scale_pair(r0 + 8, 0);
+      if constexpr (kParts == 2) {
+        sc0 |= scale_pair(r0, 1) << 16;
+        sc1 |= scale_pair(r0 + 8, 1) << 16;
       }
     }
-    __syncwarp();
-    wgmma_decode_half<T>(A1, w, r0, t, 1, sc0, sc1, s_scale);
-    wgmma_issue_half<T, TM>(acc, A1, x_desc, 1);
-    wgmma_wait<1>();  // the first half is done: A0 may be overwritten
+    wgmma_decode_part<T>(A, base + kXBytes + sub * wgmma_w_part_bytes(), r0, t, sc0 >> (16 * sub),
+                         sc1 >> (16 * sub), s_scale);
     wgmma_pin<TM / 2>(acc);
+    wgmma_issue_part<T, TM>(acc, A, wgmma_desc(smem_addr(base)), sub);
+    wgmma_wait<1>();  // part j - 1 is done: its A set may be overwritten
+    wgmma_pin<TM / 2>(acc);
+    if constexpr (sub == 0) {
+      // Part j - 1 ended the previous stage: its slot can be refilled.
+      if (j > 0 && lane == 0) {
+        uint64_t* bar = &empty[prev_slot];
+        if (mcast == 1) {
+          mbar_arrive(bar);
+        } else {
+          mbar_release_group(bar, mcast, splits, split);
+        }
+      }
+      __syncwarp();
+    }
+    if constexpr (sub == kParts - 1) {  // the ring position as counters: kStages need not be a power of 2
+      prev_slot = slot;
+      if (++slot == kStages) {
+        slot = 0;
+        phase ^= 1u;
+      }
+    }
+  };
+  uint32_t A0[8][4], A1[8][4];
+#pragma unroll 1
+  for (int j = 0; j < nst * kParts; j += 2) {
+    run_part(j, A0, std::integral_constant<int, 0>{});
+    run_part(j + 1, A1, std::integral_constant<int, kParts - 1>{});
   }
   wgmma_wait<0>();
   wgmma_pin<TM / 2>(acc);

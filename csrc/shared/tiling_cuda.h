@@ -39,45 +39,49 @@ enum : int {
 
   // wgmma kernel (sm_90a, csrc/cuda/w4a16_wgmma.cuh): per block one producer warpgroup (TMA) and
   // kWgmmaConsumers consumer warpgroups of kWgmmaRows weight rows each (wgmma m64nNk16, the decoded
-  // weights as the register A operand), N = x rows per block (kWgmmaTileM*), K in stages of
-  // kWgmmaStageK (a 128-byte weight row, a 16-byte scale row: TMA boxes of whole 16-byte units).
+  // weights as the register A operand), N = x rows per block (kWgmmaTileM*), K in parts of
+  // kWgmmaPartK (one set of A registers: a 64-byte weight row, kLaneK values per lane) and ring
+  // stages of wgmma_stage_k(tile_m) (below); K padded to kWgmmaKUnit (a 16-byte scale row).
   kWgmmaRows = 64,
   kWgmmaConsumers = 2,
   kWgmmaBlockRows = kWgmmaRows * kWgmmaConsumers,
   kWgmmaThreads = 128 * (kWgmmaConsumers + 1),
-  kWgmmaStageK = 256,
+  kWgmmaPartK = 128,
+  kWgmmaKUnit = 256,        // K of one 16-byte scale row: x's padding, the unit of splits and plan costs
+  kWgmmaScaleBox = 16,      // scale bytes per row and stage: its K unit's (TMA's minimum, 16-byte aligned box)
   kWgmmaSliceK = 16,        // K of one wgmma
   kWgmmaXBoxK = 64,         // x values per TMA box row: 128 bytes, the 128-byte swizzle span
   kWgmmaTileMSmall = 32,    // x rows per block (WgmmaConfig::tile_m)
   kWgmmaTileMMid = 64,
   kWgmmaTileMWide = 96,     // M = 96 or 192 in one or two x tiles (3 ring stages; 64-row tiles pad or take 1.5 waves)
-  kWgmmaTileMLarge = 128,   // only 2 stages fit its ring (a starved ring: 1.25-1.45x slower than 3, stop 29)
-  // A stage of the 128-row tile against a 64-row one, in percent (H200, the staged epilogue: one
-  // wave of 64 vs 128 blocks of 32 stages at 8192^2 M = 96, 76.6 vs 43.0 us, 1.78x for 2x the work).
-  kWgmmaLargeTileStageCostPct = 180,
-  // A stage of the 96-row tile against a 64-row one (H200, stop 29, harness_wide_tile_g3.txt): one
-  // wave of 128 blocks of 32 stages at 8192^2, 96/1 at M = 192 against 64/1 at M = 128, 46.4 vs
-  // 40.1 us: 1.16x for 1.5x the work (its ring keeps 3 stages, the 128-row tile's only 2).
+  kWgmmaTileMLarge = 128,   // stages of one part: 5 fit its ring (2 of 256: starved, 1.25-1.45x slower than 3)
+  // A K unit of the 128-row tile against a 64-row one, in percent (H200, stop 30, harness_k128_h2:
+  // one wave of 64 vs 128 blocks of 32 units at 8192^2 M = 96, 128/1 51.5 vs 64/1 41.5 us: 1.24x for
+  // 2x the work; 1.78x with its 2-stage ring of 256).
+  kWgmmaLargeTileStageCostPct = 124,
+  // A K unit of the 96-row tile against a 64-row one (H200, stop 29, harness_wide_tile_g3.txt): one
+  // wave of 128 blocks of 32 units at 8192^2, 96/1 at M = 192 against 64/1 at M = 128, 46.4 vs
+  // 40.1 us: 1.16x for 1.5x the work (its ring keeps 3 stages).
   kWgmmaWideTileStageCostPct = 116,
   kWgmmaMaxStages = 6,
   kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
   kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
-  kWgmmaMaxMulticast = 4,   // weight tiles sharing one multicast x tile (a divisor of the 4 x boxes)
+  kWgmmaMaxMulticast = 4,   // weight tiles sharing one multicast x tile (box j from group position j % multicast)
   kWgmmaMaxClusterBlocks = 8,  // splits x multicast: the portable cluster size (no opt-in)
   kWgmmaAutoMaxSplits = 2,  // ... the plan's: 4 was slower than 2 or 1 at every point of the sweep
   kWgmmaSmallTileMaxM = 64,  // the plan tries 32-row x tiles up to here (measured up to M = 64)
-  kWgmmaMinStagesPerSplit = 4,
+  kWgmmaMinStagesPerSplit = 4,  // K units (kWgmmaKUnit) per split
   // Past one wave, a split K must cut waves x stages per block by this many percent (H200: a 25%
   // cut at 8192^2 M = 192 ran 10% faster, a 12.5% cut at 14336 x 4096 M = 256 10% slower).
   kWgmmaSplitMinGainPct = 20,
   // Automatic dispatch to the wgmma kernel for kWgmmaMinM <= M <= kWgmmaMaxM (H200, kernel
   // harness, the staged epilogue, harness_staged_epilogue_f3.txt): at M = 32 it beats the staged
   // kernel on 8192^2 (22.2 vs 32.8 us) and 14336 x 4096 (20.2 vs 32.5), ties on 4096 x 14336
-  // (30.3 vs 30.2); for 17 <= M <= 32 both run the same 32-row tiles. Up to M = 256 it beats
-  // dequantize + cuBLASLt on all three shapes (M = 256: 74.2 vs 90.8, 77.6 vs 82.3, 66.3 vs
-  // 86.5 us); at M = 512 all three lose (147.6 vs 126.2 on 8192^2).
+  // (30.3 vs 30.2); for 17 <= M <= 32 both run the same 32-row tiles. With the 128-row tile's
+  // 128-K stages (stop 30, harness_k128_h2) it beats dequantize + cuBLASLt on all three shapes up
+  // to M = 512 (107.6 vs 126.0, 115.5 vs 122.5, 94.9 vs 110.3 us; at 256 stages it lost there).
   kWgmmaMinM = 17,
-  kWgmmaMaxM = 256,
+  kWgmmaMaxM = 512,
 
   // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
@@ -92,6 +96,10 @@ inline constexpr int kWgmmaTileMs[] = {kWgmmaTileMSmall, kWgmmaTileMMid, kWgmmaT
 FP4_FN constexpr bool is_wgmma_tile_m(int tm) {
   return tm == kWgmmaTileMSmall || tm == kWgmmaTileMMid || tm == kWgmmaTileMWide || tm == kWgmmaTileMLarge;
 }
+// K of one ring stage of a tile: two parts, but one for the 128-row tile, whose ring then holds 5
+// stages (H200, stop 30: at 14336 x 4096 M = 128 31.7 against 40.5 us with stages of 256); one
+// part for the others was 3-11% slower at M = 32 and 64 (twice the barrier round trips).
+FP4_FN constexpr int wgmma_stage_k(int tm) { return tm == kWgmmaTileMLarge ? kWgmmaPartK : kWgmmaKUnit; }
 
 // Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
 FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
