@@ -130,9 +130,9 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   return c;
 }
 // wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96 or 128) and K split (1 or
-// 2, each block keeping kWgmmaMinStagesPerSplit K units) giving the most blocks
+// 2, each block keeping kWgmmaMinUnitsPerSplit K units) giving the most blocks
 // within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
-// x tiles, more splits); when none fits one wave, the fewest waves x stages per block x stage
+// x tiles, more splits); when none fits one wave, the fewest waves x K units per block x unit
 // cost (a partial last wave costs a whole one; a K unit of the 96- or 128-row tile
 // kWgmmaWideTileStageCostPct or kWgmmaLargeTileStageCostPct of a 64-row one; a deeper split only
 // when it cuts that by kWgmmaSplitMinGainPct), ties to the fewest blocks. This picks the measured
@@ -141,7 +141,7 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
-  const int64_t stages = ceil_div(p.k, kWgmmaKUnit);  // K units
+  const int64_t units = ceil_div(p.k, kWgmmaKUnit);  // of K
   WgmmaConfig best{kWgmmaTileMMid, 1};
   int64_t best_blocks = -1, best_pad = 0, best_cost = 0;
   for (int tm : kWgmmaTileMs) {
@@ -152,10 +152,10 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
                                : tm == kWgmmaTileMWide ? kWgmmaWideTileStageCostPct
                                                        : kPercent;
     for (int sp = 1; sp <= int(kWgmmaAutoMaxSplits); sp *= 2) {
-      if (sp > 1 && stages < int64_t(kWgmmaMinStagesPerSplit) * sp) break;
+      if (sp > 1 && units < int64_t(kWgmmaMinUnitsPerSplit) * sp) break;
       const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
-      // waves x stages per block x stage cost
-      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(stages, sp) * stage_cost;
+      // waves x K units per block x unit cost
+      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(units, sp) * stage_cost;
       const bool fits = blocks <= dev.sm_count, best_fits = best_blocks >= 0 && best_blocks <= dev.sm_count;
       bool better;
       if (best_blocks < 0 || fits != best_fits) {

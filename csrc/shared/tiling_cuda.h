@@ -70,7 +70,7 @@ enum : int {
   kWgmmaMaxClusterBlocks = 8,  // splits x multicast: the portable cluster size (no opt-in)
   kWgmmaAutoMaxSplits = 2,  // ... the plan's: 4 was slower than 2 or 1 at every point of the sweep
   kWgmmaSmallTileMaxM = 64,  // the plan tries 32-row x tiles up to here (measured up to M = 64)
-  kWgmmaMinStagesPerSplit = 4,  // K units (kWgmmaKUnit) per split
+  kWgmmaMinUnitsPerSplit = 4,  // K units (kWgmmaKUnit) per split
   // Past one wave, a split K must cut waves x stages per block by this many percent (H200: a 25%
   // cut at 8192^2 M = 192 ran 10% faster, a 12.5% cut at 14336 x 4096 M = 256 10% slower).
   kWgmmaSplitMinGainPct = 20,
