@@ -3,6 +3,7 @@ every variant runs in its own process, reports positive tok/s, and ours decodes 
 tokens as MLX's nvfp4 layers on the same bytes."""
 
 import json
+import sys
 
 import pytest
 
@@ -41,14 +42,54 @@ def test_tiny_decode_all_variants(tiny_doc):
 
 
 def test_per_process_table(tiny_doc):
-    """The report lists each process's decode median per variant (the spread a ratio carries); on
-    the CPU there is no GPU state to read."""
+    """The report lists each process's decode median per variant (the spread a ratio carries), with
+    the host CPU it ran on where Linux says; on the CPU there is no GPU state to read."""
     (point,) = tiny_doc["points"]
     assert "| layers | variant | per process" in tiny_doc["md_text"]
     for name, v in point["variants"].items():
         (med,) = v["per_process_decode_median"]
-        assert f"| 2 | {decode.LABELS[name]} | {med:.0f} |" in tiny_doc["md_text"], name
+        (hs,) = v["per_process_host_state"]
         assert v["per_process_gpu_state"] == [{"before_runs": None, "after_runs": None}], name
+        cell = decode._host_cell(hs)
+        assert f"| 2 | {decode.LABELS[name]} | {med:.0f}{cell} |" in tiny_doc["md_text"], name
+        if sys.platform.startswith("linux"):  # /proc and sched_getaffinity exist
+            after, before = hs["after_runs"], hs["before_runs"]
+            assert after["cpu"] in parse_cpus(after["affinity"]), name
+            assert after["involuntary_switches"] >= before["involuntary_switches"] >= 0, name
+            assert cell.startswith(f" [cpu {after['cpu']}"), name
+
+
+def parse_cpus(text):
+    """'0-3' or '0,2,5' -> the set of CPU numbers."""
+    if "-" in text:
+        lo, hi = map(int, text.split("-"))
+        return set(range(lo, hi + 1))
+    return {int(c) for c in text.split(",")}
+
+
+def test_host_state_reads_proc(monkeypatch):
+    """host_state parses /proc/self/stat's processor field (past a command name holding ') '),
+    /proc/self/status's context switches and cpufreq's kHz; a missing file gives None, not a guess."""
+    from mlx_fp4.bench import report
+
+    fields = ["S"] + [str(i) for i in range(1, 60)]  # after ")": state, then fields 4.. of proc(5)
+    fields[report._STAT_PROCESSOR_FIELD] = "7"
+    files = {
+        "/proc/self/stat": "123 (a) b) " + " ".join(fields),
+        "/proc/self/status": "Name:\tx\nvoluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t3\n",
+        "/sys/devices/system/cpu/cpu7/cpufreq/scaling_cur_freq": "2450000\n",
+    }
+    monkeypatch.setattr(report, "_read", lambda path: files.get(path))
+    monkeypatch.setattr(report.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
+    assert report.host_state() == {"affinity": "4-7", "cpu": 7, "cpu_mhz": 2450, "voluntary_switches": 40,
+                                   "involuntary_switches": 3}
+    del files["/sys/devices/system/cpu/cpu7/cpufreq/scaling_cur_freq"]
+    files["/proc/cpuinfo"] = "processor\t: 6\ncpu MHz\t\t: 1000.0\n\nprocessor\t: 7\ncpu MHz\t\t: 3100.4\n"
+    assert report.host_state()["cpu_mhz"] == 3100
+    files.clear()
+    monkeypatch.setattr(report.os, "sched_getaffinity", lambda pid: {0, 2}, raising=False)
+    assert report.host_state() == {"affinity": "0,2", "cpu": None, "cpu_mhz": None, "voluntary_switches": None,
+                                   "involuntary_switches": None}
 
 
 def test_gpu_state_parses_nvidia_smi(monkeypatch):

@@ -240,11 +240,13 @@ def run_worker(args) -> dict:
     from . import report
 
     gpu_before = report.gpu_state() if on_gpu else None
+    host_before = report.host_state()
     runs = []
     for _ in range(args.repeats):
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
     gpu_after = report.gpu_state() if on_gpu else None
+    host_after = report.host_state()
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()
@@ -254,6 +256,7 @@ def run_worker(args) -> dict:
             "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
             "peak_memory_bytes": mx.get_peak_memory(),
             "gpu_state": {"before_runs": gpu_before, "after_runs": gpu_after},
+            "host_state": {"before_runs": host_before, "after_runs": host_after},
             "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
 
 
@@ -311,6 +314,7 @@ def summarize(results, variants, bandwidth_gbps):
                 "prefill_tok_s": _stats([run["prefill_tok_s"] for run in runs]),
                 "per_process_decode_median": [statistics.median([x["decode_tok_s"] for x in r["runs"]]) for r in rs],
                 "per_process_gpu_state": [r.get("gpu_state") for r in rs],
+                "per_process_host_state": [r.get("host_state") for r in rs],
                 "weight_bytes_per_step": wbytes,
                 "weight_gbps": wbytes * dec["median"] / 1e9 if dec else None,
                 "host_profile": rs[0]["host_profile"],
@@ -356,10 +360,24 @@ def table(points, variants) -> str:
     return "\n".join(lines)
 
 
+def _host_cell(hs) -> str:
+    """' [cpu N at MHz, S inv.]' from a process's host_state before / after its runs, or ''."""
+    before, after = (hs or {}).get("before_runs") or {}, (hs or {}).get("after_runs") or {}
+    if after.get("cpu") is None:
+        return ""
+    mhz = f" at {after['cpu_mhz']}" if after.get("cpu_mhz") else ""
+    inv = ""
+    if after.get("involuntary_switches") is not None and before.get("involuntary_switches") is not None:
+        inv = f", {after['involuntary_switches'] - before['involuntary_switches']} inv."
+    return f" [cpu {after['cpu']}{mhz}{inv}]"
+
+
 def process_table(points, variants) -> str:
     """One line per (layers, variant): each process's median decode tok/s, in run order, with the
-    SM clock nvidia-smi read after its timed runs where there was one."""
-    lines = ["| layers | variant | per process: decode tok/s (SM MHz after the runs) |", "|---|---|---|"]
+    SM clock nvidia-smi read after its timed runs where there was one, and the host CPU the process
+    last ran on (its clock) and the involuntary context switches during its timed runs."""
+    lines = ["| layers | variant | per process: decode tok/s (SM MHz after the runs; cpu N at MHz, "
+             "involuntary switches during the runs) |", "|---|---|---|"]
     for p in points:
         for v in variants:
             e = p["variants"][v]
@@ -367,10 +385,11 @@ def process_table(points, variants) -> str:
             if not meds:
                 continue
             states = e.get("per_process_gpu_state") or [None] * len(meds)
+            hosts = e.get("per_process_host_state") or [None] * len(meds)
             cells = []
-            for med, st in zip(meds, states):
+            for med, st, hs in zip(meds, states, hosts):
                 clock = ((st or {}).get("after_runs") or {}).get("clocks.sm")
-                cells.append(f"{med:.0f}" + (f" ({clock})" if clock else ""))
+                cells.append(f"{med:.0f}" + (f" ({clock})" if clock else "") + _host_cell(hs))
             lines.append(f"| {p['layers']} | {LABELS[v]} | " + ", ".join(cells) + " |")
     return "\n".join(lines)
 
