@@ -68,27 +68,27 @@ def parse_cpus(text):
 
 
 def test_host_state_reads_proc(monkeypatch):
-    """host_state parses /proc/self/stat's processor field (past a command name holding ') '),
+    """cpu_facts.host_state parses /proc/self/stat's processor field (past a command name holding ') '),
     /proc/self/status's context switches and cpufreq's kHz; a missing file gives None, not a guess."""
-    from mlx_fp4.bench import report
+    from mlx_fp4.bench import cpu_facts
 
     fields = ["S"] + [str(i) for i in range(1, 60)]  # after ")": state, then fields 4.. of proc(5)
-    fields[report._STAT_PROCESSOR_FIELD] = "7"
+    fields[cpu_facts._STAT_PROCESSOR_FIELD] = "7"
     files = {
         "/proc/self/stat": "123 (a) b) " + " ".join(fields),
         "/proc/self/status": "Name:\tx\nvoluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t3\n",
         "/sys/devices/system/cpu/cpu7/cpufreq/scaling_cur_freq": "2450000\n",
     }
-    monkeypatch.setattr(report, "_read", lambda path: files.get(path))
-    monkeypatch.setattr(report.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
-    assert report.host_state() == {"affinity": "4-7", "cpu": 7, "cpu_mhz": 2450, "voluntary_switches": 40,
+    monkeypatch.setattr(cpu_facts, "_read", lambda path: files.get(path))
+    monkeypatch.setattr(cpu_facts.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
+    assert cpu_facts.host_state() == {"affinity": "4-7", "cpu": 7, "cpu_mhz": 2450, "voluntary_switches": 40,
                                    "involuntary_switches": 3}
     del files["/sys/devices/system/cpu/cpu7/cpufreq/scaling_cur_freq"]
     files["/proc/cpuinfo"] = "processor\t: 6\ncpu MHz\t\t: 1000.0\n\nprocessor\t: 7\ncpu MHz\t\t: 3100.4\n"
-    assert report.host_state()["cpu_mhz"] == 3100
+    assert cpu_facts.host_state()["cpu_mhz"] == 3100
     files.clear()
-    monkeypatch.setattr(report.os, "sched_getaffinity", lambda pid: {0, 2}, raising=False)
-    assert report.host_state() == {"affinity": "0,2", "cpu": None, "cpu_mhz": None, "voluntary_switches": None,
+    monkeypatch.setattr(cpu_facts.os, "sched_getaffinity", lambda pid: {0, 2}, raising=False)
+    assert cpu_facts.host_state() == {"affinity": "0,2", "cpu": None, "cpu_mhz": None, "voluntary_switches": None,
                                    "involuntary_switches": None}
 
 

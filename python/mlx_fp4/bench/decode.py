@@ -237,16 +237,16 @@ def run_worker(args) -> dict:
     t0 = time.perf_counter()
     trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
     warmup_s = time.perf_counter() - t0
-    from . import report
+    from . import cpu_facts, report
 
     gpu_before = report.gpu_state() if on_gpu else None
-    host_before = report.host_state()
+    host_before = cpu_facts.host_state()
     runs = []
     for _ in range(args.repeats):
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
     gpu_after = report.gpu_state() if on_gpu else None
-    host_after = report.host_state()
+    host_after = cpu_facts.host_state()
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()

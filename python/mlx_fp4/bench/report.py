@@ -159,57 +159,6 @@ def gpu_state():
     return dict(zip(GPU_STATE_FIELDS, values)) if values else None
 
 
-# /proc/self/stat: the field after the command name's ")" holding the CPU the process last ran on
-# (field 39 of proc(5), the 37th after the name).
-_STAT_PROCESSOR_FIELD = 36
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _cpu_mhz(cpu):
-    """CPU `cpu`'s current clock in MHz: cpufreq where the kernel exposes it, else /proc/cpuinfo."""
-    khz = _read(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq")
-    if khz and khz.strip().isdigit():
-        return round(int(khz) / 1000)
-    for block in (_read("/proc/cpuinfo") or "").split("\n\n"):
-        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
-        if fields.get("processor") == str(cpu) and "cpu MHz" in fields:
-            return round(float(fields["cpu MHz"]))
-    return None
-
-
-def host_state():
-    """Where this process runs on the host (Linux; None fields elsewhere): the CPUs it may use, the
-    CPU its main thread last ran on and that CPU's clock, the main thread's voluntary and
-    involuntary context switches so far (the thread that builds and encodes each step's graph).
-    Read around each decode process's timed runs, like gpu_state: a host-bound step is slowed by a
-    busy or slow core, which these tell apart."""
-    st = {"affinity": None, "cpu": None, "cpu_mhz": None, "voluntary_switches": None, "involuntary_switches": None}
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-        st["affinity"] = f"{cpus[0]}-{cpus[-1]}" if cpus == list(range(cpus[0], cpus[-1] + 1)) else ",".join(map(str, cpus))
-    except (AttributeError, OSError):
-        pass
-    stat = _read("/proc/self/stat")
-    if stat and ")" in stat:
-        rest = stat.rsplit(")", 1)[1].split()
-        if len(rest) > _STAT_PROCESSOR_FIELD and rest[_STAT_PROCESSOR_FIELD].isdigit():
-            st["cpu"] = int(rest[_STAT_PROCESSOR_FIELD])
-            st["cpu_mhz"] = _cpu_mhz(st["cpu"])
-    for line in (_read("/proc/self/status") or "").splitlines():
-        key, _, value = line.partition(":")
-        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches") and value.strip().isdigit():
-            st["voluntary_switches" if key.startswith("vol") else "involuntary_switches"] = int(value)
-    return st
-
-
 def _git(*args):
     here = os.path.dirname(os.path.abspath(__file__))
     try:
