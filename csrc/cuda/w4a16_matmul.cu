@@ -16,10 +16,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 #include <string>
 
 #include "../shared/gather_tiling_cuda.h"
@@ -285,12 +287,17 @@ int64_t wgmma_padded_k(int64_t k) { return ceil_div(k, kWgmmaKUnit) * kWgmmaKUni
 
 namespace {
 
+// The kernel instantiation of each tile of kWgmmaTileMs (the list is the only place tiles are named).
+template <typename T, size_t... I>
+CUfunction wgmma_func_t(int tile_m, std::index_sequence<I...>) {
+  CUfunction f = nullptr;
+  ((tile_m == kWgmmaTileMs[I] ? (f = func_of(w4a16_wgmma_kernel<T, kWgmmaTileMs[I]>)) : f), ...);
+  if (!f) throw std::runtime_error("[W4A16Matmul] CUDA backend: no wgmma kernel for tile_m " + std::to_string(tile_m));
+  return f;
+}
 template <typename T>
 CUfunction wgmma_func_t(int tile_m) {
-  if (tile_m == kWgmmaTileMSmall) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMSmall>);
-  if (tile_m == kWgmmaTileMMid) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMMid>);
-  if (tile_m == kWgmmaTileMWide) return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMWide>);
-  return func_of(w4a16_wgmma_kernel<T, kWgmmaTileMLarge>);
+  return wgmma_func_t<T>(tile_m, std::make_index_sequence<std::size(kWgmmaTileMs)>{});
 }
 constexpr int kGroupTileM = fp4::cuda_gather_tiling::kWgmmaGroupTileRows;
 CUfunction wgmma_grouped_func(int x_dtype) {

@@ -93,8 +93,10 @@ enum : int {
 // The wgmma kernel's x tiles, narrowest first (the plan tries them in this order; a forced
 // MLX_FP4_CUDA_WGMMA tile must be one of them; each has a kernel instantiation).
 inline constexpr int kWgmmaTileMs[] = {kWgmmaTileMSmall, kWgmmaTileMMid, kWgmmaTileMWide, kWgmmaTileMLarge};
-FP4_FN constexpr bool is_wgmma_tile_m(int tm) {
-  return tm == kWgmmaTileMSmall || tm == kWgmmaTileMMid || tm == kWgmmaTileMWide || tm == kWgmmaTileMLarge;
+inline constexpr bool is_wgmma_tile_m(int tm) {  // host code: the plan and its override parser
+  for (int t : kWgmmaTileMs)
+    if (t == tm) return true;
+  return false;
 }
 // K of one ring stage of a tile: two parts, but one for the 128-row tile, whose ring then holds 5
 // stages (H200, stop 30: at 14336 x 4096 M = 128 31.7 against 40.5 us with stages of 256); one
