@@ -8,7 +8,7 @@ accumulator as its own operand, hence generated text. Run: python scripts/gen_wg
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TILES = (32, 64, 96, 128)  # kWgmmaTileM values (csrc/shared/tiling_cuda.h)
+TILES = (32, 64, 96, 128, 256)  # kWgmmaTileM values (csrc/shared/tiling_cuda.h)
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 
 

@@ -132,31 +132,36 @@ def test_wgmma_needs_its_conditions(driver):
 
 # (N, K, M) -> tile_m/splits: the best of the H200 sweep (kernel us of the plan's pick; the
 # runner-up in brackets; benchmarks/results/cuda/wgmma/harness_k128_h2.txt, best of 2 runs: tiles
-# up to 96 rows with stages of 256, the 128-row tile with stages of 128).
+# up to 96 rows with stages of 256, the 128-row tile with stages of 128; M = 256..512 from
+# harness_huge_tile_h7.txt, one run, with the 256-row tile).
 # Rule: most blocks within 132 SMs, splits of 1 or 2, 32-row tiles up to M = 64; past one wave the
-# fewest waves x K units per block x unit cost (a 96-row unit costs 1.16 64-row ones, a 128-row 1.24).
+# fewest waves x K units per block x unit cost (a 96-row unit costs 1.16 64-row ones, a 128-row 1.24);
+# then the unsplit 256-row tile (2.40) from M = 256 where it costs less.
 WGMMA_TILES = {
     (8192, 8192, 32): "32/2",     # 22.1 (64/2 28.1)
     (8192, 8192, 64): "64/2",     # 26.9 (32/1 32.3)
     (8192, 8192, 96): "96/2",     # 31.5 (128/2 38.2)
     (8192, 8192, 128): "128/2",   # 36.1 (64/1 39.8)
     (8192, 8192, 192): "96/1",    # 46.4, one wave (128/1 54.0)
-    (8192, 8192, 256): "128/1",   # 55.3 (128/2 68.8)
-    (8192, 8192, 512): "128/1",   # 107.6 (128/2 132.2)
+    (8192, 8192, 256): "128/1",   # 54.9 (256/2 62.3; 256/1 90.0: 64 blocks)
+    (8192, 8192, 384): "96/1",    # 89.7 (128/2 100.2; 256/1 105.3: padded to 512)
+    (8192, 8192, 512): "256/1",   # 97.9 (128/1 110.8)
     (14336, 4096, 32): "32/1",    # 20.3 (64/1 23.4)
     (14336, 4096, 64): "64/1",    # 24.3 (96/1 27.6)
     (14336, 4096, 96): "96/1",    # 27.9, one wave (128/1 31.3)
     (14336, 4096, 128): "128/1",  # 31.7 (128/2 44.0)
     (14336, 4096, 192): "96/1",   # 50.9: 2 waves x 1.16 (64/1 63.5: 3 waves)
-    (14336, 4096, 256): "128/1",  # 59.7: 2 waves x 1.24 (96/1 74.2: 3 waves x 1.16)
-    (14336, 4096, 512): "128/1",  # 115.5 (128/2 143.7)
+    (14336, 4096, 256): "256/1",  # 53.9: 1 wave x 2.40 (128/1 59.5: 2 waves x 1.24)
+    (14336, 4096, 384): "128/1",  # 88.0: 3 waves x 1.24 (256/1 121.5: 2 waves x 2.40)
+    (14336, 4096, 512): "256/1",  # 104.2: 2 waves x 2.40 (128/1 115.3: 4 waves x 1.24)
     (4096, 14336, 32): "32/2",    # 30.4 (64/2 35.4)
     (4096, 14336, 64): "32/2",    # 31.2 (64/2 37.3)
     (4096, 14336, 96): "64/2",    # 38.4 (96/2 43.4)
     (4096, 14336, 128): "64/2",   # 39.0 (128/2 51.0)
     (4096, 14336, 192): "96/2",   # 46.3 (128/2 61.9)
     (4096, 14336, 256): "128/2",  # 54.9 (64/1 64.9)
-    (4096, 14336, 512): "128/1",  # 94.9 (128/2 106.9)
+    (4096, 14336, 384): "96/1",   # 78.0 (256/2 105.2)
+    (4096, 14336, 512): "128/1",  # 94.9 (128/2 106.9; 256/2 100.0, 256/1 64 blocks)
     (8192, 1024, 64): "32/1",     # 4 units of K, no split: two 32-row tiles fill 128 SMs (8192^2: 36.3 vs 64/1 45.2)
 }
 
@@ -167,9 +172,10 @@ def test_wgmma_tiles(driver, shape):
 
 
 def test_wgmma_forced_beyond_its_range(driver):
-    # Past M = 512 (dequantize + cuBLASLt unless forced) the cost rule keeps the 128-row tile:
-    # 8192^2 M = 1024 is 512 blocks of 32 units x 1.24 (4 waves) against 704 of 96 rows x 1.16 (6).
-    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "128/1"
+    # Past M = 512 (dequantize + cuBLASLt unless forced) the same cost rule: 8192^2 M = 1024 is 256
+    # blocks of 256 rows x 2.40 (2 waves; 210.5 us) against 512 of 128 x 1.24 (4; 227.4), and at
+    # 14336 x 4096 896 of 128 (7 waves: 199.2) against 448 of 256 (4: 220.8).
+    assert plan_full(driver, 8192, 8192, 1024, wgmma=1, path="wgmma")[3] == "256/1"
     assert plan_full(driver, 14336, 4096, 1024, wgmma=1, path="wgmma")[3] == "128/1"
     assert plan_full(driver, 8192, 8192, 1, wgmma=1, path="wgmma")[3] == "32/2"
 

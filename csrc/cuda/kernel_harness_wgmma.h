@@ -167,6 +167,7 @@ void run_wgmma_checks() {
   using namespace fp4::cuda_tiling;
   std::mt19937 rng(4321);
   for (int dt : {fp4::kDtypeBF16, fp4::kDtypeF16}) {
+    check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMHuge, 1});
     check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMLarge, 1});
     check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMMid, 1});
     check_wgmma_exact_decode(dt, WgmmaConfig{kWgmmaTileMMid, 2, 4});  // N = 4096: 32 tiles in groups of 4
@@ -311,7 +312,7 @@ void run_wgmma_graph_probe() {
 void run_wgmma_bench() {
   using namespace fp4::cuda_tiling;
   const std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
-  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 512, 768, 1024};
+  const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::mt19937 rng(7);
@@ -376,7 +377,8 @@ void run_wgmma_bench() {
         for (int sp : {1, 2})
           for (int mc : {1, 2, 4}) {
             const bool planned = tm == plan.wg.tile_m && sp == plan.wg.splits && mc == plan.wg.multicast;
-            if ((tm == kWgmmaTileMSmall && M > 64) || planned || (mc > 1 && M > 512)) continue;
+            if ((tm == kWgmmaTileMSmall && M > 64) || planned) continue;
+            if (tm == kWgmmaTileMHuge ? M < 256 || mc > 2 : (mc > 1 && M > 512) || (tm < 96 && M > 1024)) continue;
             cfgs.push_back(WgmmaConfig{tm, sp, mc});
           }
       for (size_t i = 0; i < cfgs.size(); ++i) {

@@ -327,7 +327,7 @@ Launch wgmma_permute_launch(const WgmmaPermuteArgs& pa, int x_dtype) {
   Launch l;
   l.func = x_dtype == fp4::kDtypeF16 ? func_of(w4a16_wgmma_permute_x_kernel<__half>)
                                      : func_of(w4a16_wgmma_permute_x_kernel<__nv_bfloat16>);
-  l.grid = dim3(grid_for_elements(pa.m * (pa.kp / 8)), 1, 1);
+  l.grid = dim3(grid_for_elements(pa.m * (pa.kp / fp4::kValuesPerWord)), 1, 1);  // a thread per 16-byte run
   l.block = dim3(kElementwiseThreads, 1, 1);
   return l;
 }

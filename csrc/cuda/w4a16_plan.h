@@ -129,15 +129,16 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = split_k_warps(blocks, nsteps, warp_budget, staged_tile ? kStagedMinSteps : kTcMinSteps);
   return c;
 }
-// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96 or 128) and K split (1 or
+// wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96, 128 or 256) and K split (1 or
 // 2, each block keeping kWgmmaMinUnitsPerSplit K units) giving the most blocks
 // within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
 // x tiles, more splits); when none fits one wave, the fewest waves x K units per block x unit
 // cost (a partial last wave costs a whole one; a K unit of the 96- or 128-row tile
 // kWgmmaWideTileStageCostPct or kWgmmaLargeTileStageCostPct of a 64-row one; a deeper split only
-// when it cuts that by kWgmmaSplitMinGainPct), ties to the fewest blocks. This picks the measured
-// best of the H200 sweep (docs/wgmma.md, stop 30) at all 21 points M = 32..512 on 8192^2,
-// 14336 x 4096 and 4096 x 14336.
+// when it cuts that by kWgmmaSplitMinGainPct), ties to the fewest blocks. The 256-row tile, from
+// kWgmmaHugeTileMinM and unsplit, replaces that pick only at a lower cost (a unit costs
+// kWgmmaHugeTileStageCostPct). This picks the measured best of the H200 sweeps (docs/wgmma.md,
+// stops 30 and 31) at all 24 points M = 32..512 on 8192^2, 14336 x 4096 and 4096 x 14336.
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
@@ -147,6 +148,17 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
   for (int tm : kWgmmaTileMs) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
+    if (tm == kWgmmaTileMHuge) {  // unsplit, and only where it costs less than the best so far
+      const int64_t blocks = row_tiles * ceil_div(p.m, tm);
+      const int64_t cost = ceil_div(blocks, dev.sm_count) * units * kWgmmaHugeTileStageCostPct;
+      if (p.m >= kWgmmaHugeTileMinM && cost < best_cost) {
+        best = WgmmaConfig{tm, 1};
+        best_blocks = blocks;
+        best_pad = padded_m;
+        best_cost = cost;
+      }
+      continue;
+    }
     // A K unit of the 96- and 128-row tiles costs kWgmma{Wide,Large}TileStageCostPct of a 64-row one.
     const int64_t stage_cost = tm == kWgmmaTileMLarge  ? kWgmmaLargeTileStageCostPct
                                : tm == kWgmmaTileMWide ? kWgmmaWideTileStageCostPct

@@ -25,8 +25,8 @@
 // call (w4a16_wgmma_permute_x_kernel), the weights stay in MLX's layout.
 //
 // Stages. A stage of the ring is wgmma_stage_k(tile_m) of K: two parts (kWgmmaKUnit) for tiles up
-// to 96 rows, one for the 128-row tile, whose ring then holds 5 stages instead of 2 (a 2-stage
-// ring starved it: 1.25-1.45x slower than 3, docs/wgmma.md). Each part's weights are their own
+// to 96 rows, one for the 128- and 256-row tiles, whose rings then hold 5 and 3 stages (a 2-stage
+// ring starved the 128-row tile: 1.25-1.45x slower than 3, docs/wgmma.md). Each part's weights are their own
 // TMA box of 64-byte rows (unswizzled: a quarter warp's 16-byte reads hit distinct banks); a
 // stage's scales are the 16-byte box of its K unit (TMA's minimum box and, found on the H200, an
 // inner coordinate that must be 16-byte aligned: a box at 8 bytes faulted), which two 128-K

@@ -55,6 +55,7 @@ enum : int {
   kWgmmaTileMMid = 64,
   kWgmmaTileMWide = 96,     // M = 96 or 192 in one or two x tiles (3 ring stages; 64-row tiles pad or take 1.5 waves)
   kWgmmaTileMLarge = 128,   // stages of one part: 5 fit its ring (2 of 256: starved, 1.25-1.45x slower than 3)
+  kWgmmaTileMHuge = 256,    // large M: half the decodes and weight reads per product of the 128-row tile (3 stages of one part)
   // A K unit of the 128-row tile against a 64-row one, in percent (H200, stop 30, harness_k128_h2:
   // one wave of 64 vs 128 blocks of 32 units at 8192^2 M = 96, 128/1 51.5 vs 64/1 41.5 us: 1.24x for
   // 2x the work; 1.78x with its 2-stage ring of 256).
@@ -63,6 +64,10 @@ enum : int {
   // wave of 128 blocks of 32 units at 8192^2, 96/1 at M = 192 against 64/1 at M = 128, 46.4 vs
   // 40.1 us: 1.16x for 1.5x the work (its ring keeps 3 stages).
   kWgmmaWideTileStageCostPct = 116,
+  // ... of the 256-row tile (H200, H7 harness_huge_tile_h7.txt: the range its picks are right at all 9
+  // points M = 256..512 is 233..247): 8192^2 M = 512, 128 blocks of 32 units 97.9 us against 128/1
+  // 110.8 (256 blocks); 14336 x 4096 M = 256 53.9 against 59.5.
+  kWgmmaHugeTileStageCostPct = 240,
   kWgmmaMaxStages = 6,
   kWgmmaSmemBytes = 227 * 1024,  // dynamic shared memory a block may take on sm_90
   kWgmmaMaxSplits = 4,      // split-K over a cluster of up to this many blocks (DSMEM reduction)
@@ -82,6 +87,10 @@ enum : int {
   // to M = 512 (107.6 vs 126.0, 115.5 vs 122.5, 94.9 vs 110.3 us; at 256 stages it lost there).
   kWgmmaMinM = 17,
   kWgmmaMaxM = 512,
+  // The 256-row tile from this M, never split (its DSMEM reduction moves 128 KB per peer: at 8192^2
+  // M = 256, 256/2 62.3 against 128/1 54.9 us), taken over the others' best only at a lower cost
+  // (a fitting wave does not suffice: at 8192^2 M = 384, padded to 512, it ran 105.3 against 96/1 89.7).
+  kWgmmaHugeTileMinM = 256,
 
   // Element-wise kernels (epilogue): threads per block.
   kElementwiseThreads = 256,
@@ -92,16 +101,18 @@ enum : int {
 
 // The wgmma kernel's x tiles, narrowest first (the plan tries them in this order; a forced
 // MLX_FP4_CUDA_WGMMA tile must be one of them; each has a kernel instantiation).
-inline constexpr int kWgmmaTileMs[] = {kWgmmaTileMSmall, kWgmmaTileMMid, kWgmmaTileMWide, kWgmmaTileMLarge};
+inline constexpr int kWgmmaTileMs[] = {kWgmmaTileMSmall, kWgmmaTileMMid, kWgmmaTileMWide, kWgmmaTileMLarge,
+                                       kWgmmaTileMHuge};
 inline constexpr bool is_wgmma_tile_m(int tm) {  // host code: the plan and its override parser
   for (int t : kWgmmaTileMs)
     if (t == tm) return true;
   return false;
 }
-// K of one ring stage of a tile: two parts, but one for the 128-row tile, whose ring then holds 5
-// stages (H200, stop 30: at 14336 x 4096 M = 128 31.7 against 40.5 us with stages of 256); one
-// part for the others was 3-11% slower at M = 32 and 64 (twice the barrier round trips).
-FP4_FN constexpr int wgmma_stage_k(int tm) { return tm == kWgmmaTileMLarge ? kWgmmaPartK : kWgmmaKUnit; }
+// K of one ring stage of a tile: two parts, but one for the 128- and 256-row tiles, whose rings
+// then hold 5 and 3 stages (H200, stop 30: at 14336 x 4096 M = 128 31.7 against 40.5 us with
+// stages of 256); one part for the others was 3-11% slower at M = 32 and 64 (twice the barrier
+// round trips).
+FP4_FN constexpr int wgmma_stage_k(int tm) { return tm >= kWgmmaTileMLarge ? kWgmmaPartK : kWgmmaKUnit; }
 
 // Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
 FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
