@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "../shared/tiling_cuda.h"
 #include "../shared/w4a16_problem.h"
@@ -139,6 +140,15 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
 // kWgmmaHugeTileMinM and unsplit, replaces that pick only at a lower cost (a unit costs
 // kWgmmaHugeTileStageCostPct). This picks the measured best of the H200 sweeps (docs/wgmma.md,
 // stops 30 and 31) at all 24 points M = 32..512 on 8192^2, 14336 x 4096 and 4096 x 14336.
+// Percent of a 64-row tile's K unit that one K unit of tile `tm` costs (H200 fits, tiling_cuda.h).
+constexpr int64_t wgmma_unit_cost_pct(int tm) {
+  return tm == kWgmmaTileMHuge    ? kWgmmaHugeTileStageCostPct
+         : tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct
+         : tm == kWgmmaTileMWide  ? kWgmmaWideTileStageCostPct
+                                  : 100;
+}
+// The 256-row tile is weighed against the others' pick, so it must come last.
+static_assert(kWgmmaTileMs[std::size(kWgmmaTileMs) - 1] == kWgmmaTileMHuge, "the 256-row tile is tried last");
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
   constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
@@ -148,29 +158,18 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
   for (int tm : kWgmmaTileMs) {
     if (tm == kWgmmaTileMSmall && p.m > kWgmmaSmallTileMaxM) continue;
     const int64_t padded_m = ceil_div(p.m, tm) * tm;
-    if (tm == kWgmmaTileMHuge) {  // unsplit, and only where it costs less than the best so far
-      const int64_t blocks = row_tiles * ceil_div(p.m, tm);
-      const int64_t cost = ceil_div(blocks, dev.sm_count) * units * kWgmmaHugeTileStageCostPct;
-      if (p.m >= kWgmmaHugeTileMinM && cost < best_cost) {
-        best = WgmmaConfig{tm, 1};
-        best_blocks = blocks;
-        best_pad = padded_m;
-        best_cost = cost;
-      }
-      continue;
-    }
-    // A K unit of the 96- and 128-row tiles costs kWgmma{Wide,Large}TileStageCostPct of a 64-row one.
-    const int64_t stage_cost = tm == kWgmmaTileMLarge  ? kWgmmaLargeTileStageCostPct
-                               : tm == kWgmmaTileMWide ? kWgmmaWideTileStageCostPct
-                                                       : kPercent;
-    for (int sp = 1; sp <= int(kWgmmaAutoMaxSplits); sp *= 2) {
+    const bool huge = tm == kWgmmaTileMHuge;  // unsplit, and only where it costs less than the pick so far
+    if (huge && p.m < kWgmmaHugeTileMinM) continue;
+    for (int sp = 1; sp <= (huge ? 1 : int(kWgmmaAutoMaxSplits)); sp *= 2) {
       if (sp > 1 && units < int64_t(kWgmmaMinUnitsPerSplit) * sp) break;
       const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
       // waves x K units per block x unit cost
-      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(units, sp) * stage_cost;
+      const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(units, sp) * wgmma_unit_cost_pct(tm);
       const bool fits = blocks <= dev.sm_count, best_fits = best_blocks >= 0 && best_blocks <= dev.sm_count;
       bool better;
-      if (best_blocks < 0 || fits != best_fits) {
+      if (huge) {
+        better = cost < best_cost;
+      } else if (best_blocks < 0 || fits != best_fits) {
         better = best_blocks < 0 || fits;
       } else if (fits) {
         better = blocks > best_blocks || (blocks == best_blocks && padded_m <= best_pad);
