@@ -65,7 +65,7 @@ enum : int {
   // 40.1 us: 1.16x for 1.5x the work (its ring keeps 3 stages).
   kWgmmaWideTileStageCostPct = 116,
   // ... of the 256-row tile (H200, H7 harness_huge_tile_h7.txt: the range its picks are right at all 9
-  // points M = 256..512 is 233..247): 8192^2 M = 512, 128 blocks of 32 units 97.9 us against 128/1
+  // points M = 256..512 is 232..247): 8192^2 M = 512, 128 blocks of 32 units 97.9 us against 128/1
   // 110.8 (256 blocks); 14336 x 4096 M = 256 53.9 against 59.5.
   kWgmmaHugeTileStageCostPct = 240,
   kWgmmaMaxStages = 6,
