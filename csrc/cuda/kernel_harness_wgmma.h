@@ -377,8 +377,12 @@ void run_wgmma_bench() {
         for (int sp : {1, 2})
           for (int mc : {1, 2, 4}) {
             const bool planned = tm == plan.wg.tile_m && sp == plan.wg.splits && mc == plan.wg.multicast;
-            if ((tm == kWgmmaTileMSmall && M > 64) || planned) continue;
-            if (tm == kWgmmaTileMHuge ? M < 256 || mc > 2 : (mc > 1 && M > 512) || (tm < 96 && M > 1024)) continue;
+            if ((tm == kWgmmaTileMSmall && M > kWgmmaSmallTileMaxM) || planned) continue;
+            // The 256-row tile from the plan's first M, multicast 1 or 2; the others with multicast
+            // only up to kWgmmaMaxM, and past M = 1024 only from the 96-row tile.
+            const bool huge = tm == kWgmmaTileMHuge;
+            if (huge && (M < kWgmmaHugeTileMinM || mc > 2)) continue;
+            if (!huge && ((mc > 1 && M > kWgmmaMaxM) || (tm < kWgmmaTileMWide && M > 1024))) continue;
             cfgs.push_back(WgmmaConfig{tm, sp, mc});
           }
       for (size_t i = 0; i < cfgs.size(); ++i) {

@@ -28,7 +28,7 @@ struct DeviceInfo {
   bool wgmma = false;  // the sm_90a wgmma kernel is built and this device runs it (cc 9.0)
 };
 
-// wgmma kernel configuration: x rows per block (tile_m: 32, 64, 96, 128), blocks of one weight tile
+// wgmma kernel configuration: x rows per block (tile_m: kWgmmaTileMs), blocks of one weight tile
 // splitting K (splits: 1, 2, 4) and weight tiles sharing one multicast x tile (multicast: 1, 2,
 // 4); a cluster holds splits x multicast <= kWgmmaMaxClusterBlocks blocks. Multicast was slower
 // than none at every point of the H200 sweep (docs/wgmma.md): the plan keeps 1, MLX_FP4_CUDA_WGMMA
@@ -130,6 +130,16 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
   c.kw = split_k_warps(blocks, nsteps, warp_budget, staged_tile ? kStagedMinSteps : kTcMinSteps);
   return c;
 }
+constexpr int64_t kPercent = 100;  // the unit of the K-unit costs and of the split's gain
+// Percent of a 64-row tile's K unit that one K unit of tile `tm` costs (H200 fits, tiling_cuda.h).
+constexpr int64_t wgmma_unit_cost_pct(int tm) {
+  return tm == kWgmmaTileMHuge    ? kWgmmaHugeTileStageCostPct
+         : tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct
+         : tm == kWgmmaTileMWide  ? kWgmmaWideTileStageCostPct
+                                  : kPercent;
+}
+// The 256-row tile is weighed against the others' pick, so it must come last.
+static_assert(kWgmmaTileMs[std::size(kWgmmaTileMs) - 1] == kWgmmaTileMHuge, "the 256-row tile is tried last");
 // wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96, 128 or 256) and K split (1 or
 // 2, each block keeping kWgmmaMinUnitsPerSplit K units) giving the most blocks
 // within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
@@ -140,17 +150,7 @@ inline TcConfig auto_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev
 // kWgmmaHugeTileMinM and unsplit, replaces that pick only at a lower cost (a unit costs
 // kWgmmaHugeTileStageCostPct). This picks the measured best of the H200 sweeps (docs/wgmma.md,
 // stops 30 and 31) at all 24 points M = 32..512 on 8192^2, 14336 x 4096 and 4096 x 14336.
-// Percent of a 64-row tile's K unit that one K unit of tile `tm` costs (H200 fits, tiling_cuda.h).
-constexpr int64_t wgmma_unit_cost_pct(int tm) {
-  return tm == kWgmmaTileMHuge    ? kWgmmaHugeTileStageCostPct
-         : tm == kWgmmaTileMLarge ? kWgmmaLargeTileStageCostPct
-         : tm == kWgmmaTileMWide  ? kWgmmaWideTileStageCostPct
-                                  : 100;
-}
-// The 256-row tile is weighed against the others' pick, so it must come last.
-static_assert(kWgmmaTileMs[std::size(kWgmmaTileMs) - 1] == kWgmmaTileMHuge, "the 256-row tile is tried last");
 inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInfo& dev) {
-  constexpr int64_t kPercent = 100;  // the unit of the stage costs and the split's gain
   const int64_t row_tiles = ceil_div(p.n, kWgmmaBlockRows);
   const int64_t units = ceil_div(p.k, kWgmmaKUnit);  // of K
   WgmmaConfig best{kWgmmaTileMMid, 1};
