@@ -4,6 +4,7 @@ tokens as MLX's nvfp4 layers on the same bytes."""
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -29,6 +30,10 @@ def test_tiny_decode_all_variants(tiny_doc):
     assert set(point["variants"]) == set(decode.VARIANTS)
     pids = {r["pid"] for r in doc["raw"]}
     assert len(pids) == len(decode.VARIANTS)  # one process per variant
+    for r in doc["raw"]:  # each timed run says when it ran (to line it up with GPU samples) and how long
+        (run,) = r["runs"]
+        assert time.time() - 3600 < run["started_unix_s"] < time.time()
+        assert run["seconds"] > 0
     assert decode.SPREAD_NOTE in doc["md_text"]  # ... so the report says what its ratios carry
     for name, v in point["variants"].items():
         assert v["decode_tok_s"]["median"] > 0 and v["prefill_tok_s"]["median"] > 0, name

@@ -243,8 +243,10 @@ def run_worker(args) -> dict:
     host_before = cpu_facts.host_state()
     runs = []
     for _ in range(args.repeats):
+        started = time.time()  # wall clock: lines a run up with GPU samples taken outside the process
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
-        runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode})
+        runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode, "started_unix_s": started,
+                     "seconds": time.time() - started})
     gpu_after = report.gpu_state() if on_gpu else None
     host_after = cpu_facts.host_state()
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
