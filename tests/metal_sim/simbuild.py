@@ -9,7 +9,7 @@ Steps, all from the repository's own files:
    compiled in parallel with clang-19 against the shim in include/, with __METAL_VERSION__
    defined (the shared headers take their Metal branch).
 4. The runner (src/runner.cpp, host code = csrc/metal/w4a16_dispatch.h) and the runtime
-   (src/runtime.cpp) are linked in.
+   (src/runtime.cpp, src/host.cpp) are linked in.
 Outputs are cached under $METAL_SIM_CACHE (default <repo>/build/metal_sim), keyed by a hash of
 every input, so unchanged sources are never recompiled.
 """
@@ -123,6 +123,7 @@ def _tree_bytes(paths):
 def host_inputs():
     """Files that the host side (runner, runtime, generator) depends on."""
     files = list((SIM / "include").rglob("*")) + list((SIM / "src").glob("*.cpp"))
+    files += list((SIM / "src").glob("*.h"))
     files += list((CSRC / "shared").glob("*.h")) + list((CSRC / "metal").glob("*.h"))
     return [f for f in files if f.is_file()]
 
@@ -252,7 +253,7 @@ def build_source_runner(name, source, lines, groups=None, extra_flags=(), extra_
 
     kflags = [*KERNEL_FLAGS, *extra_flags, *inc]
     host_flags = COMMON_FLAGS + [f"-I{SIM / 'include'}", f"-I{CSRC}"]
-    host_srcs = ["runtime", "runner"] + (["counters"] if count else [])
+    host_srcs = ["runtime", "host", "runner"] + (["counters"] if count else [])
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
         host_objs = [ex.submit(_object, cxx, SIM / "src" / f"{h}.cpp", host_flags, h)
                      for h in host_srcs]
@@ -332,8 +333,8 @@ def build_raw(name, metal_path, extra_flags=()):
         shutil.rmtree(out_dir, ignore_errors=True)
         return None, r.stderr
     host_flags = COMMON_FLAGS + [f"-I{SIM / 'include'}", f"-I{CSRC}"]
-    objs = [_object(cxx, SIM / "src" / "runtime.cpp", host_flags, "runtime"),
-            _object(cxx, SIM / "src" / "runner.cpp", host_flags, "runner")]
+    objs = [_object(cxx, SIM / "src" / f"{h}.cpp", host_flags, h)
+            for h in ("runtime", "host", "runner")]
     _run([cxx, *COMMON_FLAGS, str(out_dir / "k.o"), *map(str, objs), "-o", str(runner), "-ldl"])
     shutil.rmtree(final_dir, ignore_errors=True)
     out_dir.replace(final_dir)

@@ -9,10 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <dlfcn.h>
@@ -22,11 +19,12 @@
 
 #include "msim/host.h"
 #include "msim/runtime.h"
+#include "runtime_internal.h"
 
 // ---------------------------------------------------------------------------------------------
 // Context switch. x86-64: a hand-written switch (callee-saved registers, MXCSR, x87 control
 // word); about 5x faster than swapcontext, which makes a syscall per switch.
-#if defined(__x86_64__)
+#if MSIM_ASM_FIBERS
 extern "C" void msim_ctx_switch(void** save_sp, void* load_sp);
 extern "C" void msim_fiber_trampoline();
 asm(R"(
@@ -66,9 +64,6 @@ msim_fiber_trampoline:
 .section .note.GNU-stack,"",@progbits
 .text
 )");
-#define MSIM_ASM_FIBERS 1
-#else
-#define MSIM_ASM_FIBERS 0
 #endif
 
 // float -> bfloat (round to nearest even, quiet NaN). clang calls this libgcc/compiler-rt
@@ -88,112 +83,8 @@ extern "C" __attribute__((weak)) __bf16 __truncsfbf2(float f) {
 }
 
 namespace msim {
+namespace detail {
 namespace {
-
-constexpr size_t kPage = 4096;
-constexpr size_t kFiberStack = 128 * 1024;
-constexpr size_t kArenaBytes = 2 * METAL_SIM_MAX_TG_BYTES;
-
-enum FiberState { kRunnable = 0, kWaitBarrier, kWaitSimd, kDone };
-
-struct Fiber {
-  void* sp = nullptr;
-  char* stack_map = nullptr;  // guard page + stack
-#if !MSIM_ASM_FIBERS
-  ucontext_t uc;
-#endif
-  int state = kRunnable;
-  ThreadCtx ctx{};
-};
-
-struct Simdgroup {
-  int lanes = 0;
-  int arrived = 0;
-  int exited = 0;
-  const char* what = nullptr;
-  std::source_location loc;
-  void* slots[kSimdWidth] = {};
-  CollectiveFn fn = nullptr;
-  void* user = nullptr;
-};
-
-struct KernelEntry {
-  std::string base;
-  void* fn;
-  KernelThunk thunk;
-  int nparams;
-};
-
-struct BoundBuffer {
-  void* ptr = nullptr;
-  size_t size = 0;
-  bool bound = false;
-};
-
-struct Dispatch {
-  const KernelEntry* kernel = nullptr;
-  const std::vector<ParamAttr>* sig = nullptr;
-  std::string host_name;
-  BoundBuffer buffers[32];
-  size_t tg_lengths[32] = {};
-  Dim3 grid, tg;
-};
-
-struct Worker {
-  std::vector<Fiber> fibers;
-  void* sched_sp = nullptr;
-#if !MSIM_ASM_FIBERS
-  ucontext_t sched_uc;
-#endif
-  int current = -1;
-  int nthreads = 0;
-  int done = 0;
-  int barrier_arrived = 0;
-  std::source_location barrier_loc;
-  std::vector<Simdgroup> sgs;
-  char* arena = nullptr;
-  size_t arena_used = 0;
-  struct Var {
-    int id;
-    size_t off, size;
-  };
-  std::vector<Var> vars;
-  size_t tg_param_off[32] = {};
-  const Dispatch* d = nullptr;
-  char* altstack = nullptr;
-  bool reverse = false;  // MSIM_SCHEDULE=reverse
-  int lo = 0;            // no runnable fiber below lo (forward schedule)
-  int hi = 0;            // no runnable fiber above hi (reverse schedule)
-
-  void wake(int i) {
-    fibers[i].state = kRunnable;
-    if (i < lo) lo = i;
-    if (i > hi) hi = i;
-  }
-};
-
-std::map<std::string, KernelEntry>& kernels() {
-  static std::map<std::string, KernelEntry> m;
-  return m;
-}
-std::map<std::string, int>& max_threads() {
-  static std::map<std::string, int> m;
-  return m;
-}
-
-std::map<std::string, std::vector<ParamAttr>>& signatures() {
-  static std::map<std::string, std::vector<ParamAttr>> m;
-  return m;
-}
-
-thread_local Worker* tls_worker = nullptr;
-int g_workers = 0;
-
-// Buffers, for fault diagnosis.
-std::mutex g_buf_mutex;
-std::vector<Buffer*> g_buffers;
-Buffer* g_buf_snapshot[4096];
-std::atomic<int> g_buf_count{0};
 
 Fiber& cur_fiber() { return tls_worker->fibers[tls_worker->current]; }
 
@@ -327,6 +218,8 @@ void init_fiber(Fiber& f) {
   fail("%s", buf);
 }
 
+}  // namespace
+
 void run_threadgroup(Worker* w, const Dispatch& d, uint32_t linear) {
   const uint32_t gx = d.grid.x, gy = d.grid.y;
   const uint32_t tgx = linear % gx, tgy = (linear / gx) % gy, tgz = linear / (gx * gy);
@@ -407,6 +300,8 @@ void run_threadgroup(Worker* w, const Dispatch& d, uint32_t linear) {
   }
 }
 
+namespace {
+
 std::atomic<bool> g_handlers_installed{false};
 
 void print_fault_buffer(int fd, uintptr_t addr) {
@@ -476,6 +371,8 @@ void on_fault(int sig, siginfo_t* si, void* uc_void) {
   std::_Exit(66);
 }
 
+}  // namespace
+
 void install_handlers() {
   if (g_handlers_installed.exchange(true)) return;
   struct sigaction sa;
@@ -499,7 +396,9 @@ void setup_altstack(Worker* w) {
   sigaltstack(&ss, nullptr);
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 // ---------------------------------------------------------------------------------------------
 // Kernel-side API
@@ -637,209 +536,6 @@ bool register_max_threads(const char* base_name, int n) {
 bool register_signature(const char* base_name, const ParamAttr* sig, int n) {
   signatures()[base_name] = std::vector<ParamAttr>(sig, sig + n);
   return true;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Host API
-
-Buffer* alloc_buffer(size_t size, const std::string& name, Guard guard) {
-  install_handlers();
-  const size_t data_bytes = guard == Guard::kEnd ? size : (size + 15) & ~size_t(15);
-  const size_t body = (data_bytes + kPage - 1) / kPage * kPage;
-  const size_t total = body + 2 * kPage;
-  void* m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) {
-    std::fprintf(stderr, "METAL_SIM ERROR: cannot map buffer %s\n", name.c_str());
-    std::_Exit(70);
-  }
-  char* base = static_cast<char*>(m);
-  mprotect(base, kPage, PROT_NONE);
-  mprotect(base + kPage + body, kPage, PROT_NONE);
-  auto* b = new Buffer;
-  b->name = name;
-  b->size = size;
-  b->map = m;
-  b->map_size = total;
-  if (guard == Guard::kStart) {
-    b->data = base + kPage;
-  } else {
-    b->data = base + kPage + body - data_bytes;
-  }
-  if (guard == Guard::kAligned16) {
-    std::memset(static_cast<char*>(b->data) + size, 0xFF, data_bytes - size);
-  }
-  std::lock_guard<std::mutex> lock(g_buf_mutex);
-  g_buffers.push_back(b);
-  const int i = g_buf_count.load();
-  if (i < 4096) {
-    g_buf_snapshot[i] = b;
-    g_buf_count.store(i + 1);
-  }
-  return b;
-}
-
-void free_buffer(Buffer* b) {
-  if (b == nullptr) return;
-  std::lock_guard<std::mutex> lock(g_buf_mutex);
-  const int count = g_buf_count.load();
-  for (int i = 0; i < count; ++i) {
-    if (g_buf_snapshot[i] == b) g_buf_snapshot[i] = nullptr;
-  }
-  munmap(b->map, b->map_size);
-  delete b;
-}
-
-int address_space_of(const void* p) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  Worker* w = tls_worker;
-  if (w != nullptr) {
-    const uintptr_t arena = reinterpret_cast<uintptr_t>(w->arena);
-    if (a >= arena && a < arena + kArenaBytes) return kSpaceThreadgroup;
-    const uintptr_t stack = reinterpret_cast<uintptr_t>(w->fibers[w->current].stack_map);
-    if (a >= stack && a < stack + kPage + kFiberStack) return kSpacePrivate;
-  }
-  const int count = g_buf_count.load();
-  for (int i = 0; i < count; ++i) {
-    const Buffer* b = g_buf_snapshot[i];
-    if (b == nullptr) continue;
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(b->data);
-    if (a >= begin && a < begin + b->size) {
-      return b->name.rfind("set_bytes(", 0) == 0 ? kSpaceConstant : kSpaceDevice;
-    }
-  }
-  return kSpaceOther;
-}
-
-namespace {
-Dispatch g_next;  // bindings of the encoder being filled
-constexpr int kFunctionConstants = 1024;
-alignas(8) uint64_t g_function_constants[kFunctionConstants];
-}  // namespace
-
-const void* function_constant_slot(int index) {
-  if (index < 0 || index >= kFunctionConstants) {
-    fail("function_constant(%d) out of the simulated range", index);
-  }
-  return &g_function_constants[index];
-}
-
-Encoder::Encoder() {
-  g_next = Dispatch{};
-  std::memset(g_function_constants, 0, sizeof g_function_constants);
-}
-
-void Encoder::set_function_constant(int index, const void* data, size_t size) {
-  if (index < 0 || index >= kFunctionConstants || size > 8) {
-    fail("set_function_constant(%d, %zu bytes) out of range", index, size);
-  }
-  g_function_constants[index] = 0;
-  std::memcpy(&g_function_constants[index], data, size);
-}
-
-Encoder::~Encoder() {
-  for (Buffer* b : owned_) free_buffer(b);
-}
-
-void Encoder::set_buffer(Buffer* b, int index, size_t offset) {
-  if (index < 0 || index >= 32) fail("set_buffer index %d out of range", index);
-  g_next.buffers[index] = BoundBuffer{static_cast<char*>(b->data) + offset, b->size - offset, true};
-}
-
-void Encoder::set_bytes(const void* data, size_t size, int index) {
-  Buffer* b = alloc_buffer(size, "set_bytes(" + std::to_string(index) + ")", Guard::kEnd);
-  std::memcpy(b->data, data, size);
-  owned_.push_back(b);
-  set_buffer(b, index, 0);
-}
-
-void Encoder::set_threadgroup_memory_length(size_t length, int index) {
-  if (index < 0 || index >= 32) fail("threadgroup memory index %d out of range", index);
-  g_next.tg_lengths[index] = length;
-}
-
-void set_workers(int n) { g_workers = n; }
-
-void Encoder::dispatch_threadgroups(const std::string& host_name, Dim3 grid, Dim3 tg) {
-  install_handlers();
-  auto it = kernels().find(host_name);
-  if (it == kernels().end()) fail("no kernel registered as '%s'", host_name.c_str());
-  auto sit = signatures().find(it->second.base);
-  if (sit == signatures().end()) {
-    fail("no signature table for kernel '%s' (base %s)", host_name.c_str(),
-         it->second.base.c_str());
-  }
-  if (int(sit->second.size()) != it->second.nparams) {
-    fail("signature table of %s has %zu entries, kernel has %d parameters", host_name.c_str(),
-         sit->second.size(), it->second.nparams);
-  }
-  const uint64_t threads = uint64_t(tg.x) * tg.y * tg.z;
-  if (threads == 0 || threads > METAL_SIM_MAX_THREADS) {
-    fail("threadgroup of %llu threads: Metal allows 1 to %d", (unsigned long long)threads,
-         METAL_SIM_MAX_THREADS);
-  }
-  auto mt = max_threads().find(it->second.base);
-  if (mt != max_threads().end() && threads > uint64_t(mt->second)) {
-    fail("kernel %s: threadgroup of %llu threads exceeds its "
-         "[[max_total_threads_per_threadgroup(%d)]]", host_name.c_str(),
-         (unsigned long long)threads, mt->second);
-  }
-  for (const ParamAttr& a : sit->second) {
-    if (a.kind == kAttrBuffer && (a.index < 0 || a.index >= 32 || !g_next.buffers[a.index].bound)) {
-      fail("kernel %s: [[buffer(%d)]] is not bound", host_name.c_str(), a.index);
-    }
-  }
-  Dispatch d = g_next;
-  d.kernel = &it->second;
-  d.sig = &sit->second;
-  d.host_name = host_name;
-  d.grid = grid;
-  d.tg = tg;
-  const uint64_t total = uint64_t(grid.x) * grid.y * grid.z;
-  int nw = g_workers;
-  if (nw <= 0) {
-    const char* e = std::getenv("MSIM_WORKERS");
-    nw = e != nullptr ? std::atoi(e) : 2;
-  }
-  if (nw < 1) nw = 1;
-  if (uint64_t(nw) > total) nw = int(total == 0 ? 1 : total);
-  std::atomic<uint64_t> next{0};
-  auto body = [&]() {
-    Worker w;
-    const char* sched = std::getenv("MSIM_SCHEDULE");
-    w.reverse = sched != nullptr && std::strcmp(sched, "reverse") == 0;
-    tls_worker = &w;
-    setup_altstack(&w);
-    w.d = &d;
-    w.arena = static_cast<char*>(std::aligned_alloc(64, kArenaBytes));
-    for (;;) {
-      const uint64_t i = next.fetch_add(1);
-      if (i >= total) break;
-      run_threadgroup(&w, d, uint32_t(i));
-    }
-    for (Fiber& f : w.fibers) {
-      if (f.stack_map != nullptr) munmap(f.stack_map, kFiberStack + kPage);
-    }
-    std::free(w.arena);
-    stack_t ss;
-    std::memset(&ss, 0, sizeof ss);
-    ss.ss_flags = SS_DISABLE;
-    sigaltstack(&ss, nullptr);
-    std::free(w.altstack);
-    tls_worker = nullptr;
-  };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < nw; ++i) pool.emplace_back(body);
-  body();
-  for (std::thread& t : pool) t.join();
-  g_next = Dispatch{};
-}
-
-bool has_kernel(const std::string& host_name) { return kernels().count(host_name) != 0; }
-
-std::vector<std::string> kernel_names() {
-  std::vector<std::string> v;
-  for (const auto& kv : kernels()) v.push_back(kv.first);
-  return v;
 }
 
 }  // namespace msim

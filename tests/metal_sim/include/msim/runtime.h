@@ -1,6 +1,7 @@
 // metal_sim runtime interface used by the shim (metal_stdlib) and implemented in
 // src/runtime.cpp: per-thread context, barriers, simdgroup collectives, threadgroup memory,
-// kernel and signature registries. No Metal keyword macros here.
+// kernel and signature registries (function constants, address_space_of: src/host.cpp). No
+// Metal keyword macros here.
 #pragma once
 #include <cstddef>
 #include <cstdint>
