@@ -46,6 +46,21 @@ def test_tiny_decode_all_variants(tiny_doc):
         assert v["first_token_difference_vs_mlx_nvfp4"] is None, name
 
 
+def test_prefill_table(tiny_doc):
+    """Both prefill numbers per run (mlx-lm's time-to-first-token one and the forward alone), and the
+    report's prefill rows carry their medians and the ratios to MLX nvfp4 and dense from the JSON."""
+    (point,) = tiny_doc["points"]
+    for r in tiny_doc["raw"]:
+        (run,) = r["runs"]
+        assert run["prefill_forward_tok_s"] > 0 and run["prefill_tok_s"] > 0
+    vs = point["variants"]
+    for name in decode.OURS:
+        fwd, ref = vs[name]["prefill_forward_tok_s"]["median"], vs["dense"]["prefill_forward_tok_s"]["median"]
+        row = next(ln for ln in tiny_doc["md_text"].splitlines() if ln.startswith(f"| 2 | {decode.LABELS[name]} |")
+                   and "x dense" in ln)
+        assert f"{fwd:.0f} (" in row and f"{fwd / ref:.2f}x dense" in row, row
+
+
 def test_per_process_table(tiny_doc):
     """The report lists each process's decode median per variant (the spread a ratio carries), with
     the host CPU it ran on where Linux says; on the CPU there is no GPU state to read."""

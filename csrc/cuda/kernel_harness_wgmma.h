@@ -311,7 +311,17 @@ void run_wgmma_graph_probe() {
 // to dense bf16 cuBLASLt, dequantize + cuBLASLt and the staged kernel (M <= 64), same run.
 void run_wgmma_bench() {
   using namespace fp4::cuda_tiling;
-  const std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
+  std::vector<BenchShape> shapes = {{8192, 8192}, {14336, 4096}, {4096, 14336}};
+  // MLX_FP4_HARNESS_SHAPES="NxK,NxK": other layer shapes (e.g. Llama's 1024 x 4096 k/v projections).
+  if (const char* env = std::getenv("MLX_FP4_HARNESS_SHAPES")) {
+    shapes.clear();
+    long long n, k;
+    int used = 0;
+    for (const char* c = env; std::sscanf(c, "%lldx%lld%n", &n, &k, &used) == 2; c += used + (c[used] == ',')) {
+      shapes.push_back({n, k});
+      if (c[used] != ',') break;
+    }
+  }
   const std::vector<int64_t> ms = {32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -210,6 +210,23 @@ def time_generation(model, prompt, tokens: int):
     return out, prefill, decode
 
 
+def time_prefill_forward(model, prompt) -> float:
+    """Tok/s of the prefill forward alone, as generate_step runs it (the prompt but its last token into a
+    fresh KV cache, only the cache evaluated): the time to first token less the first decode step and
+    generate_step's own work. NaN for a 1-token prompt (no forward before the first step)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if prompt.size < 2:
+        return float("nan")
+    cache = make_prompt_cache(model)
+    x = prompt[None, :-1]
+    mx.eval(x)
+    t0 = time.perf_counter()
+    model(x, cache=cache)
+    mx.eval([c.state for c in cache])
+    return x.size / (time.perf_counter() - t0)
+
+
 def top2_trace(model, prompt, tokens: int):
     """Greedy tokens with each step's two best token ids and their log-probability gap (untimed):
     tells a divergence between two variants at a near-tie from a real difference."""
@@ -245,8 +262,9 @@ def run_worker(args) -> dict:
     for _ in range(args.repeats):
         started = time.time()  # wall clock: lines a run up with GPU samples taken outside the process
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
+        seconds = time.time() - started
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode, "started_unix_s": started,
-                     "seconds": time.time() - started})
+                     "seconds": seconds, "prefill_forward_tok_s": time_prefill_forward(model, prompt)})
     gpu_after = report.gpu_state() if on_gpu else None
     host_after = cpu_facts.host_state()
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
@@ -314,6 +332,7 @@ def summarize(results, variants, bandwidth_gbps):
             entry = {
                 "decode_tok_s": dec,
                 "prefill_tok_s": _stats([run["prefill_tok_s"] for run in runs]),
+                "prefill_forward_tok_s": _stats([run.get("prefill_forward_tok_s", float("nan")) for run in runs]),
                 "per_process_decode_median": [statistics.median([x["decode_tok_s"] for x in r["runs"]]) for r in rs],
                 "per_process_gpu_state": [r.get("gpu_state") for r in rs],
                 "per_process_host_state": [r.get("host_state") for r in rs],
@@ -359,6 +378,31 @@ def table(points, variants) -> str:
                 c += f", {100 * e['bandwidth_fraction']:.0f}% bw"
             cells.append(c)
         lines.append(f"| {p['layers']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def prefill_table(points, variants) -> str:
+    """Prefill tok/s per variant: mlx-lm's number (prompt / time to first token, which holds the first
+    decode step) and the forward alone (time_prefill_forward), each against MLX nvfp4 and dense."""
+    refs = (("MLX nvfp4", "mlx_nvfp4"), ("dense", "dense"))
+    lines = ["| layers | variant | prefill tok/s (time to first token) | prefill forward tok/s |", "|---|---|---|---|"]
+    for p in points:
+        vs = p["variants"]
+
+        def cell(v, key):
+            d = vs[v].get(key)
+            if not d:
+                return "-"
+            c = f"{d['median']:.0f} ({d['min']:.0f}-{d['max']:.0f})"
+            for name, ref in refs:
+                r = vs.get(ref, {}).get(key)
+                if r and ref != v:
+                    c += f", {d['median'] / r['median']:.2f}x {name}"
+            return c
+
+        for v in variants:
+            lines.append(f"| {p['layers']} | {LABELS[v]} | {cell(v, 'prefill_tok_s')} | "
+                         f"{cell(v, 'prefill_forward_tok_s')} |")
     return "\n".join(lines)
 
 
@@ -471,7 +515,8 @@ def main(argv=None) -> int:
                    "variants": args.variants, "prompt_tokens": args.prompt, "tokens": args.tokens,
                    "repeats": args.repeats, "processes": args.processes, "seed": args.seed},
         "method": "mlx_lm.generate.generate_step, greedy, random weights and prompt; prefill tok/s = prompt / "
-        "time to first token; decode tok/s = (tokens - 1) / time from the first to the last token; one "
+        "time to first token (mlx-lm's prompt tok/s; it holds the first decode step); prefill forward tok/s = "
+        "(prompt - 1) / time of the forward alone into a fresh KV cache, cache evaluated; decode tok/s = (tokens - 1) / time from the first to the last token; one "
         "untimed warm-up generation per process; each (variant, layers) in its own process",
         "method_host": "host_profile: single synchronous steps of generate_step's graph (model on one token with "
         "the filled KV cache, logsumexp, argmax) in mlx-lm's generation stream; build_ms = Python + MLX graph "
@@ -498,6 +543,7 @@ def main(argv=None) -> int:
                 f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n"
                 f"{SPREAD_NOTE if args.processes < 2 else ''}"
                 f"\n{process_table(points, args.variants)}\n"
+                f"\n{prefill_table(points, args.variants)}\n"
                 f"\nhost profile of single synchronous decode steps (medians; nodes: mx.export_to_dot of the "
                 f"step's graph)\n\n{host}\n")
     print(text)
