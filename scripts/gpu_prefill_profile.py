@@ -1,8 +1,8 @@
 """Where a prefill's time goes on the GPU machine (run there; needs PyTorch for CUPTI).
 
-For each variant of the decode bench (its `build_model`, one model at a time), the prefill as mlx-lm's
-`generate_step` runs it: the prompt but its last token into a fresh KV cache, only the cache states
-evaluated (the logits of those tokens are never computed). Prints the Python graph build and the
+For each variant of the decode bench (its `build_model`, one model at a time), the prefill forward as
+mlx-lm's `generate_step` runs it (the bench's `prefill_forward_seconds`: the prompt but its last token
+into a fresh KV cache, only the cache states evaluated; those tokens' logits are never computed). Prints the Python graph build and the
 `mx.eval` wall time of 8 runs after 3 warm-ups, then, for one run under torch.profiler, the GPU
 kernels: count, busy time (the union of their intervals), span and the top kernels by total time.
 The bench's prefill tok/s is the time to the first token, which also holds the first decode step.
@@ -35,29 +35,18 @@ def busy_us(kernels):
 
 
 def profile_variant(variant, preset, layers, prompt_tokens):
-    from mlx_lm.models.cache import make_prompt_cache
     from torch.profiler import ProfilerActivity, profile
 
     from mlx_fp4.bench import decode
 
     model, _ = decode.build_model(preset, layers, variant, 0)
     vocab = decode.PRESETS[preset]["vocab_size"]
-    x = mx.random.randint(0, vocab, (prompt_tokens,), key=mx.random.key(1))[None, :-1]
-    mx.eval(x)
-
-    def once():
-        cache = make_prompt_cache(model)
-        t0 = time.perf_counter()
-        model(x, cache=cache)
-        t1 = time.perf_counter()
-        mx.eval([c.state for c in cache])
-        return t1 - t0, time.perf_counter() - t1
-
+    prompt = mx.random.randint(0, vocab, (prompt_tokens,), key=mx.random.key(1))
     for _ in range(WARMUP):
-        once()
-    walls = [once() for _ in range(RUNS)]
+        decode.prefill_forward_seconds(model, prompt)
+    walls = [decode.prefill_forward_seconds(model, prompt) for _ in range(RUNS)]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        profiled = once()
+        profiled = decode.prefill_forward_seconds(model, prompt)
     ks = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
     by_name = {}
     for e in ks:
@@ -81,6 +70,8 @@ def main():
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--out", default=None, help="JSON file")
     args = p.parse_args()
+    if args.prompt < 2:
+        p.error(f"--prompt expected >= 2 tokens (one before the first token) but got {args.prompt}")
     try:
         import torch  # noqa: F401  (CUPTI through torch.profiler)
     except ImportError:

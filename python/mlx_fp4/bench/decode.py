@@ -210,21 +210,29 @@ def time_generation(model, prompt, tokens: int):
     return out, prefill, decode
 
 
-def time_prefill_forward(model, prompt) -> float:
-    """Tok/s of the prefill forward alone, as generate_step runs it (the prompt but its last token into a
-    fresh KV cache, only the cache evaluated): the time to first token less the first decode step and
-    generate_step's own work. NaN for a 1-token prompt (no forward before the first step)."""
+def prefill_forward_seconds(model, prompt):
+    """(graph build, eval) seconds of the prefill forward alone, as generate_step runs it: the prompt but
+    its last token into a fresh KV cache, only the cache evaluated. That is the time to first token
+    less the first decode step and generate_step's own work. None for a 1-token prompt (no forward
+    before the first step)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     if prompt.size < 2:
-        return float("nan")
+        return None
     cache = make_prompt_cache(model)
     x = prompt[None, :-1]
     mx.eval(x)
     t0 = time.perf_counter()
     model(x, cache=cache)
+    t1 = time.perf_counter()
     mx.eval([c.state for c in cache])
-    return x.size / (time.perf_counter() - t0)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def time_prefill_forward(model, prompt) -> float:
+    """Prompt tokens (but the last) per second of prefill_forward_seconds; NaN for a 1-token prompt."""
+    t = prefill_forward_seconds(model, prompt)
+    return (prompt.size - 1) / sum(t) if t else float("nan")
 
 
 def top2_trace(model, prompt, tokens: int):
@@ -516,8 +524,9 @@ def main(argv=None) -> int:
                    "repeats": args.repeats, "processes": args.processes, "seed": args.seed},
         "method": "mlx_lm.generate.generate_step, greedy, random weights and prompt; prefill tok/s = prompt / "
         "time to first token (mlx-lm's prompt tok/s; it holds the first decode step); prefill forward tok/s = "
-        "(prompt - 1) / time of the forward alone into a fresh KV cache, cache evaluated; decode tok/s = (tokens - 1) / time from the first to the last token; one "
-        "untimed warm-up generation per process; each (variant, layers) in its own process",
+        "(prompt - 1) / time of the forward alone into a fresh KV cache, cache evaluated; decode tok/s = "
+        "(tokens - 1) / time from the first to the last token; one untimed warm-up generation per process; "
+        "each (variant, layers) in its own process",
         "method_host": "host_profile: single synchronous steps of generate_step's graph (model on one token with "
         "the filled KV cache, logsumexp, argmax) in mlx-lm's generation stream; build_ms = Python + MLX graph "
         "construction until the outputs exist (nothing evaluated); encode_ms = mx.async_eval of the outputs, "
