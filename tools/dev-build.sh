@@ -4,8 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-${PYTHON:-python3}}"
+# An absolute path: CMake runs the interpreter from the build folder (a relative .venv/bin/python
+# failed there), and not resolved through symlinks, so a venv's python keeps its packages.
+PY_PATH="$(command -v "$PY")" || { echo "dev-build: no python at '$PY'" >&2; exit 1; }
+PY_PATH="$(cd "$(dirname "$PY_PATH")" && pwd)/$(basename "$PY_PATH")"
 BUILD=build/dev
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY_PATH" >/dev/null
 cmake --build "$BUILD" -j"$(nproc 2>/dev/null || echo 2)"
 so=$(ls "$BUILD"/_ext*.so)
 # Replace atomically: processes that already loaded the old file keep working.
