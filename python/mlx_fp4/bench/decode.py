@@ -229,12 +229,6 @@ def prefill_forward_seconds(model, prompt):
     return t1 - t0, time.perf_counter() - t1
 
 
-def time_prefill_forward(model, prompt) -> float:
-    """Prompt tokens (but the last) per second of prefill_forward_seconds; NaN for a 1-token prompt."""
-    t = prefill_forward_seconds(model, prompt)
-    return (prompt.size - 1) / sum(t) if t else float("nan")
-
-
 def top2_trace(model, prompt, tokens: int):
     """Greedy tokens with each step's two best token ids and their log-probability gap (untimed):
     tells a divergence between two variants at a near-tie from a real difference."""
@@ -271,8 +265,10 @@ def run_worker(args) -> dict:
         started = time.time()  # wall clock: lines a run up with GPU samples taken outside the process
         toks, prefill, decode = time_generation(model, prompt, args.tokens)
         seconds = time.time() - started
+        fwd = prefill_forward_seconds(model, prompt)
+        forward = (prompt.size - 1) / sum(fwd) if fwd else float("nan")
         runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode, "started_unix_s": started,
-                     "seconds": seconds, "prefill_forward_tok_s": time_prefill_forward(model, prompt)})
+                     "seconds": seconds, "prefill_forward_tok_s": forward})
     gpu_after = report.gpu_state() if on_gpu else None
     host_after = cpu_facts.host_state()
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
@@ -340,7 +336,7 @@ def summarize(results, variants, bandwidth_gbps):
             entry = {
                 "decode_tok_s": dec,
                 "prefill_tok_s": _stats([run["prefill_tok_s"] for run in runs]),
-                "prefill_forward_tok_s": _stats([run.get("prefill_forward_tok_s", float("nan")) for run in runs]),
+                "prefill_forward_tok_s": _stats([run["prefill_forward_tok_s"] for run in runs]),
                 "per_process_decode_median": [statistics.median([x["decode_tok_s"] for x in r["runs"]]) for r in rs],
                 "per_process_gpu_state": [r.get("gpu_state") for r in rs],
                 "per_process_host_state": [r.get("host_state") for r in rs],
@@ -367,6 +363,11 @@ def summarize(results, variants, bandwidth_gbps):
     return points
 
 
+def _spread(d) -> str:
+    """'median (min-max)' of a _stats entry, in whole tok/s."""
+    return f"{d['median']:.0f} ({d['min']:.0f}-{d['max']:.0f})"
+
+
 def table(points, variants) -> str:
     head = "| layers | " + " | ".join(LABELS[v] for v in variants) + " |"
     lines = [head, "|---" * (len(variants) + 1) + "|"]
@@ -379,7 +380,7 @@ def table(points, variants) -> str:
             if not d:
                 cells.append("error")
                 continue
-            c = f"{d['median']:.0f} ({d['min']:.0f}-{d['max']:.0f})"
+            c = _spread(d)
             if base and v in OURS:
                 c += f", {d['median'] / base['median']:.2f}x"
             if e.get("bandwidth_fraction"):
@@ -391,7 +392,7 @@ def table(points, variants) -> str:
 
 def prefill_table(points, variants) -> str:
     """Prefill tok/s per variant: mlx-lm's number (prompt / time to first token, which holds the first
-    decode step) and the forward alone (time_prefill_forward), each against MLX nvfp4 and dense."""
+    decode step) and the forward alone (prefill_forward_seconds), each against MLX nvfp4 and dense."""
     refs = (("MLX nvfp4", "mlx_nvfp4"), ("dense", "dense"))
     lines = ["| layers | variant | prefill tok/s (time to first token) | prefill forward tok/s |", "|---|---|---|---|"]
     for p in points:
@@ -401,7 +402,7 @@ def prefill_table(points, variants) -> str:
             d = vs[v].get(key)
             if not d:
                 return "-"
-            c = f"{d['median']:.0f} ({d['min']:.0f}-{d['max']:.0f})"
+            c = _spread(d)
             for name, ref in refs:
                 r = vs.get(ref, {}).get(key)
                 if r and ref != v:
