@@ -364,6 +364,34 @@ def test_alternating_paths_each_correct(device):
             check_matmul(out, x, packed, scales, global_scale=None if gs is None else np.float32(gs))
 
 
+def test_products_sharing_x_each_correct(device):
+    """Products reading one x (q/k/v, gate/up), each against the reference. On CUDA (sm_90a) the
+    wgmma products after the first reuse its permuted x (csrc/cuda/wgmma_x_cache.h): in one graph
+    and across evaluations, through a reshaped view of the same buffer, but not for a view of those
+    bytes as another dtype, another x of the same shape, or another stream."""
+    g = rng("share_x")
+    m, k = 64, 2048  # H200: the wgmma kernel
+    x = rand_x((m, k), mx.bfloat16, g)
+    other = rand_x((m, k), mx.bfloat16, g)
+    weights = [rand_weights(n, k, g) for n in (384, 256, 512)]
+    mx.eval(x, other, *[a for w, s, _ in weights for a in (w, s)])
+
+    def check(xx, i, stream=None):
+        w, scales, packed = weights[i]
+        out = mx_fp4.w4a16_matmul(xx, w, scales, stream=stream)
+        return out, xx, packed, scales
+
+    # One graph: three products of x, then x's bytes as fp16 (a view of the same buffer).
+    x16 = x.view(mx.float16)
+    batch = [check(x, 0), check(x, 1), check(x.reshape(2, m // 2, k), 2), check(x16, 0)]
+    mx.eval(*[b[0] for b in batch])
+    # Separate evaluations: x again, another x, x again, x on another stream.
+    batch += [check(x, 1), check(other, 2), check(x, 0), check(x, 2, stream=mx.new_stream(mx.default_device()))]
+    for out, xx, packed, scales in batch:
+        mx.eval(out)
+        check_matmul(out, xx, packed, scales)
+
+
 @pytest.mark.parametrize("m", [1, 300])
 def test_repeat_evaluation_is_bitwise_identical(device, m):
     """Multithreaded kernels: no races, a fixed reduction order (same bits every time)."""

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "mlx/backend/cuda/utils.h"
 #include "mlx_memory.h"
 #include "w4a16_kernels.h"
+#include "wgmma_x_cache.h"
 
 namespace mlx_fp4 {
 
@@ -135,15 +137,22 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
                                            cuda::wgmma_loads_ok(p, a.w, a.scales), wgmma_env);
 
   if (plan.path == Path::kWgmma) {
-    // x permuted into a temporary (the kernel's k order), then the wgmma kernel over it.
+    // x permuted into a temporary (the kernel's k order), unless the stream's last wgmma product
+    // read the same x (wgmma_x_cache.h), then the wgmma kernel over it.
     const int64_t kp = cuda::wgmma_padded_k(p.k);
-    mx::array xp = cuda::device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
-    cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(xp), p.m, p.k, kp};
-    enc.set_input_array(x);
-    enc.set_output_array(xp);
-    add_node(enc, cuda::wgmma_permute_launch(pa, p.x_dtype), pa);
+    auto& cache = cuda::WgmmaXCache::instance();
+    const bool share = cuda::WgmmaXCache::enabled();
+    std::optional<mx::array> hit = share ? cache.find(stream().index, x, p.m, p.k) : std::nullopt;
+    mx::array xp = hit ? *hit : cuda::device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
+    if (!hit) {
+      cuda::WgmmaPermuteArgs pa{a.x, mx::gpu_ptr<void>(xp), p.m, p.k, kp};
+      enc.set_input_array(x);
+      enc.set_output_array(xp);
+      add_node(enc, cuda::wgmma_permute_launch(pa, p.x_dtype), pa);
+      if (share) cache.store(stream().index, x, xp, p.m, p.k);
+    }
     cuda::WgmmaArgs wa;
-    cuda::wgmma_prepare(wa, a, pa.xp, plan.wg);
+    cuda::wgmma_prepare(wa, a, mx::gpu_ptr<void>(xp), plan.wg);
     enc.set_input_array(xp);
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);

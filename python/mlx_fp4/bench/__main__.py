@@ -18,6 +18,7 @@ from . import baselines, plot, report, shapes, timing
 
 OURS = "mlx_fp4"
 STEM = "w4a16_matmul"
+SHARE_X_ENV = "MLX_FP4_CUDA_WGMMA_SHARE_X"
 
 
 def _gpu_available() -> bool:
@@ -67,6 +68,10 @@ def main(argv=None) -> int:
         print("[bench] --device gpu expected an MLX build with Metal or CUDA but got a CPU-only MLX.", file=sys.stderr)
         return 2
     mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+    # Each timed product here reads the same x: CUDA's reuse of the permuted x between products of
+    # one x (csrc/cuda/wgmma_x_cache.h) would drop the permutation from all but the first. A product
+    # is timed alone, permutation included, unless the caller set the variable.
+    os.environ.setdefault(SHARE_X_ENV, "0")
 
     group = shapes.MODE_GROUP[args.mode]
     shape_list = ([shapes.parse_shape(s, group) for s in args.shapes] if args.shapes
@@ -206,6 +211,7 @@ def main(argv=None) -> int:
             "target_eval_s": cfg.target_eval_s,
             "max_products_per_eval": cfg.max_products,
             "weights": "random FP4 codes and E4M3 scale codes 0x08..0x27 (values do not change the timing)",
+            "cuda_share_permuted_x": os.environ[SHARE_X_ENV] != "0",
         },
         "rooflines": rooflines,
         "implementations": {i.name: i.label.replace('"nvfp4"', f'"{args.mode}"') for i in impls},
