@@ -27,9 +27,10 @@ def tiny_doc(tmp_path_factory):
 def test_tiny_decode_all_variants(tiny_doc):
     doc = tiny_doc
     (point,) = doc["points"]
-    assert set(point["variants"]) == set(decode.VARIANTS)
+    dense_variants = set(decode.VARIANTS) - {decode.EXPERT_FLOOR}  # the expert floor needs expert layers
+    assert set(point["variants"]) == dense_variants
     pids = {r["pid"] for r in doc["raw"]}
-    assert len(pids) == len(decode.VARIANTS)  # one process per variant
+    assert len(pids) == len(dense_variants)  # one process per variant
     for r in doc["raw"]:  # each timed run says when it ran (to line it up with GPU samples) and how long
         (run,) = r["runs"]
         assert time.time() - 3600 < run["started_unix_s"] < time.time()
@@ -140,6 +141,8 @@ def test_bad_arguments_are_rejected():
         decode.main(["--preset", "tiny", "--repeats", "0", "--device", "cpu"])
     with pytest.raises(SystemExit, match="floor"):  # expert layers would stay dense: no floor
         decode.main(["--preset", "tiny-moe", "--variants", "floor", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="expert layers"):  # nothing to replace in a dense model
+        decode.main(["--preset", "tiny", "--variants", decode.EXPERT_FLOOR, "--device", "cpu"])
 
 
 def test_floor_variant_has_one_node_per_linear(tiny_doc):
@@ -196,6 +199,42 @@ def test_floor_linear_is_one_node_of_the_linear_shape(dims, kernel):
     assert mx.array_equal(y, x[..., [j % k for j in range(n)]]).item()
     y5 = layer(mx.ones((2, 5, k), mx.bfloat16))  # a prefill-shaped input
     assert y5.shape == (2, 5, n)
+
+
+def test_expert_floor_replaces_only_the_experts(tmp_path):
+    """floor_experts on an MoE model: every SwitchGLU becomes one Gather node of the experts' output
+    shape, the rest (FP4Linear attention and lm_head, the router) stays as in the fp4 variant."""
+    rc = decode.main(["--preset", "tiny-moe", "--layers", "2", "--prompt", "6", "--tokens", "4", "--repeats", "1",
+                      "--variants", "fp4", decode.EXPERT_FLOOR, "--device", "cpu", "--out", str(tmp_path),
+                      "--no-plot"])
+    assert rc == 0
+    (point,) = json.loads((tmp_path / "decode_tiny-moe_cpu.json").read_text())["points"]
+    ours, floor = point["variants"]["fp4"], point["variants"][decode.EXPERT_FLOOR]
+    assert floor["notes"]["floor_experts"] == 2 and floor["decode_tok_s"]["median"] > 0
+    ours_p, floor_p = ours["graph"]["step"]["by_primitive"], floor["graph"]["step"]["by_primitive"]
+    assert "GatherW4A16Matmul" in ours_p and "GatherW4A16Matmul" not in floor_p
+    assert floor_p["W4A16Matmul"] == ours_p["W4A16Matmul"]  # attention and lm_head: ours in both
+    assert floor_p["GatherAxis"] - ours_p.get("GatherAxis", 0) == 2  # one kernel per layer's experts
+    assert floor["graph"]["nodes_per_layer"] < ours["graph"]["nodes_per_layer"]
+    assert floor["graph"]["nodes_outside_layers"] == ours["graph"]["nodes_outside_layers"]
+
+
+def test_floor_switch_glu_is_one_node_of_the_experts_shape():
+    import mlx.core as mx
+
+    from mlx.utils import tree_flatten
+
+    from mlx_fp4.bench.decode_host import FloorSwitchGLU, graph_nodes
+
+    x = mx.random.normal((1, 1, 64)).astype(mx.bfloat16)
+    idx = mx.array([[[3, 5]]], dtype=mx.uint32)
+    mx.eval(x, idx)
+    y = FloorSwitchGLU(64, 48, 2)(x, idx)
+    assert not tree_flatten(FloorSwitchGLU(64, 48, 2).parameters())  # no arrays
+    assert graph_nodes(y)["by_primitive"] == {"GatherAxis": 1, "Reshape": 1}  # one kernel, one view
+    assert y.shape == (1, 1, 2, 48) and y.dtype == mx.bfloat16
+    assert mx.array_equal(y[..., 1, :], x[..., [j % 64 for j in range(48, 96)]]).item()  # depends on x
+    assert FloorSwitchGLU(64, 48, 2)(mx.ones((2, 5, 64), mx.bfloat16), None).shape == (2, 5, 2, 48)  # prefill
 
 
 def _tiny_fp4(fused_qkv: bool):

@@ -29,11 +29,12 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..formats import MODE_DEFAULTS
-from .decode_host import host_costs, host_profile, host_table, install_floor, node_cost, step_graph
+from .decode_host import host_costs, host_profile, host_table, install_expert_floor, install_floor, node_cost, step_graph
 from .plot import pyplot
 
-VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv", "floor", "floor_view")
-FLOORS = ("floor", "floor_view")
+VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv", "floor", "floor_view", "floor_experts")
+FLOORS = ("floor", "floor_view")  # dense presets
+EXPERT_FLOOR = "floor_experts"  # MoE presets: FP4Linear elsewhere, experts one trivial node
 OURS = ("fp4", "fp4_fused", "fp4_qkv")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
@@ -43,6 +44,7 @@ LABELS = {
     "fp4_qkv": "FP4Linear + fused SwiGLU + fused QKV",
     "floor": "floor: 1 trivial kernel per linear",
     "floor_view": "floor: 1 view node per linear",
+    "floor_experts": "floor: FP4Linear, experts 1 trivial kernel",
 }
 # Identical models in two processes decoded 1.24-1.41x apart on the H200 (docs/moe.md, stop 27).
 SPREAD_NOTE = ("\none process per variant: a ratio between two variants carries the spread between processes "
@@ -145,6 +147,8 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
     notes = {}
     if variant in FLOORS:  # before the weights are evaluated: the linears' are never made
         notes["floor_linears"] = install_floor(model, kernel=variant == "floor")
+    if variant == EXPERT_FLOOR:  # likewise for the experts' weights
+        notes["floor_experts"] = install_expert_floor(model, model.args.num_experts_per_tok)
     moe = any(type(m).__name__ == "SwitchLinear" for m in model.modules())
     # MLX's CPU gather_mm is float32 only: there the dense MoE variant keeps float32 weights.
     dense_f32 = variant == "dense" and moe and mx.default_device() == mx.cpu
@@ -160,7 +164,7 @@ def build_model(preset: str, layers: int, variant: str, seed: int):
         nn.quantize(model, group_size=MODE_DEFAULTS[mode][0], bits=4, mode=mode,
                     class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
         eval_one_by_one(model)
-    if variant in OURS:
+    if variant in OURS or variant == EXPERT_FLOOR:
         from mlx_fp4 import nn as fnn
 
         fnn.quantize(model, mode=mode, progress=False)
@@ -485,10 +489,13 @@ def main(argv=None) -> int:
         raise SystemExit("[bench decode] --repeats/--processes expected >= 1, --tokens >= 2, --prompt >= 1")
     if args.variants is None:
         moe = PRESETS[args.preset]["module"] in MOE_MODULES
-        args.variants = [v for v in VARIANTS if not (moe and v in FLOORS)]
+        args.variants = [v for v in VARIANTS if not (moe and v in FLOORS) and not (not moe and v == EXPERT_FLOOR)]
     if set(FLOORS) & set(args.variants) and PRESETS[args.preset]["module"] in MOE_MODULES:
         raise SystemExit(f"[bench decode] --variants {'/'.join(FLOORS)} expected a dense preset but got {args.preset} "
                          "(expert layers would stay dense)")
+    if EXPERT_FLOOR in args.variants and PRESETS[args.preset]["module"] not in MOE_MODULES:
+        raise SystemExit(f"[bench decode] --variants {EXPERT_FLOOR} expected a preset with expert layers "
+                         f"({', '.join(MOE_MODULES)}) but got {args.preset}")
     try:
         import mlx_lm  # noqa: F401
     except ImportError:

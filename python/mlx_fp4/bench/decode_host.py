@@ -84,6 +84,48 @@ def install_floor(model: nn.Module, kernel: bool = True) -> int:
     return count
 
 
+class FloorSwitchGLU(nn.Module):
+    """A parameter-free stand-in for mlx-lm's ``SwitchGLU`` (an MoE block's experts: gate, up, the
+    activation and down for each token's top_k experts), output [..., top_k, output_dims] like the
+    experts' and dependent on ``x``: one trivial kernel (a GatherAxis of x, as :class:`FloorLinear`)
+    and one view (the reshape to [..., top_k, output_dims]; no single MLX op gives that shape with a
+    kernel), so at decode 2 nodes where a real experts block needs at least 1. The router still runs
+    (its scores weight this output), so the model keeps every node but the experts'. Its decode tok/s
+    bounds what any expert implementation can reach inside that model, to within one view node per
+    layer (the ``floor_experts`` variant: FP4Linear elsewhere)."""
+
+    def __init__(self, input_dims: int, output_dims: int, top_k: int):
+        super().__init__()
+        self.input_dims, self.output_dims, self.top_k = input_dims, output_dims, top_k
+        self.gather = FloorLinear(input_dims, top_k * output_dims, kernel=True)
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        return self.gather(x).reshape(*x.shape[:-1], self.top_k, self.output_dims)
+
+    def _extra_repr(self):
+        return f"input_dims={self.input_dims}, output_dims={self.output_dims}, top_k={self.top_k}"
+
+
+def install_expert_floor(model: nn.Module, top_k: int) -> int:
+    """Replace every mlx-lm ``SwitchGLU`` of ``model`` (in place, before its weights are evaluated)
+    with a :class:`FloorSwitchGLU`; returns how many were replaced."""
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    from ..layers.linear import swap_modules
+
+    count = 0
+
+    def make(_, m):
+        nonlocal count
+        if isinstance(m, SwitchGLU):
+            count += 1
+            return FloorSwitchGLU(m.gate_proj.weight.shape[-1], m.down_proj.weight.shape[1], top_k)
+        return None
+
+    swap_modules(model, make)
+    return count
+
+
 # ---- node count ----------------------------------------------------------------------------------
 
 _PRIMITIVE = re.compile(r'\[label ="([^"]*)", shape=rectangle\]')
