@@ -121,6 +121,15 @@ def test_wgmma_crossovers(driver, shape, m):
     assert plan_full(driver, *shape, m, wgmma=1, path="tc")[0] == "tc"
 
 
+@pytest.mark.parametrize("m", [17, 32, 64, 96, 256, 512])
+def test_small_weights_stay_off_wgmma(driver, m):
+    """1024 x 4096 (Llama-3-8B's k/v; harness_plan_s33.txt): the staged kernel up to M = 64 (10.4 us
+    vs wgmma 12.8-13.0), then dequantize + cuBLASLt (11.4-13.6 vs 16.5-19.0); one more row takes wgmma."""
+    assert plan_full(driver, 1024, 4096, m, wgmma=1)[0] == ("tc" if m <= 64 else "dequant")
+    assert plan_full(driver, 1024, 4096, m, wgmma=1, path="wgmma")[0] == "wgmma"  # forcing still works
+    assert plan_full(driver, 1025, 4096, m, wgmma=1)[0] == "wgmma"
+
+
 def test_wgmma_needs_its_conditions(driver):
     assert plan_full(driver, 8192, 8192, 64, wgmma=0, path="wgmma")[0] == "tc"  # loads not ok: automatic
     assert plan_full(driver, 8192, 8192, 64, wgmma=1, path="wgmma", mode="mxfp4")[0] == "tc"  # E8M0 scales
@@ -162,6 +171,8 @@ WGMMA_TILES = {
     (4096, 14336, 256): "128/2",  # 54.9 (64/1 64.9)
     (4096, 14336, 384): "96/1",   # 78.0 (256/2 105.2)
     (4096, 14336, 512): "128/1",  # 94.9 (128/2 106.9; 256/2 100.0, 256/1 64 blocks)
+    (6144, 4096, 384): "96/1",    # 49.4 (256/1 51.7; 96/2 55.0): no split past one wave (harness_plan_s33.txt)
+    (6144, 4096, 512): "256/1",   # 52.4 (128/1 58.9; 128/2 63.7)
     (8192, 1024, 64): "32/1",     # 4 units of K, no split: two 32-row tiles fill 128 SMs (8192^2: 36.3 vs 64/1 45.2)
 }
 

@@ -348,9 +348,9 @@ def test_alternating_paths_each_correct(device):
     g = rng("alternate")
     cases = []
     for m, n, k, gs, strided in [
-        (32, 256, 4096, None, False),  # H200: wgmma, 32-row tiles, split K over 2
+        (32, 1280, 4096, None, False),  # H200: wgmma (N x K over its small-weight bound), 32-row tiles, split K over 2
         (7, 96, 48, 0.37, False),  # tensor cores after the global scale's divide
-        (64, 384, 2048, None, False),  # wgmma, another grid, split K over 2
+        (64, 2560, 2048, None, False),  # wgmma, another grid, split K over 2
         (5, 40, 40, None, True),  # tensor cores after the strided copy of x
     ]:
         x = rand_x((m, 2 * k if strided else k), mx.bfloat16, g)
@@ -370,10 +370,10 @@ def test_products_sharing_x_each_correct(device):
     and across evaluations, through a reshaped view of the same buffer, but not for a view of those
     bytes as another dtype, another x of the same shape, or another stream."""
     g = rng("share_x")
-    m, k = 64, 2048  # H200: the wgmma kernel
+    m, k = 64, 4096  # H200: the wgmma kernel (N x K over its small-weight bound)
     x = rand_x((m, k), mx.bfloat16, g)
     other = rand_x((m, k), mx.bfloat16, g)
-    weights = [rand_weights(n, k, g) for n in (384, 256, 512)]
+    weights = [rand_weights(n, k, g) for n in (1152, 1280, 1536)]
     mx.eval(x, other, *[a for w, s, _ in weights for a in (w, s)])
 
     def check(xx, i, stream=None):

@@ -162,6 +162,9 @@ inline WgmmaConfig auto_wgmma_config(const fp4::W4A16Problem& p, const DeviceInf
     if (huge && p.m < kWgmmaHugeTileMinM) continue;
     for (int sp = 1; sp <= (huge ? 1 : int(kWgmmaAutoMaxSplits)); sp *= 2) {
       if (sp > 1 && units < int64_t(kWgmmaMinUnitsPerSplit) * sp) break;
+      // Split K only to fill SMs the unsplit tiles leave idle: past one wave it lost at every
+      // measured point (6144 x 4096, M = 384 and 512: 96/2 55.0 vs 96/1 49.4 us, 128/2 63.7 vs 256/1 52.4).
+      if (sp > 1 && row_tiles * ceil_div(p.m, tm) >= dev.sm_count) break;
       const int64_t blocks = row_tiles * ceil_div(p.m, tm) * sp;
       // waves x K units per block x unit cost
       const int64_t cost = ceil_div(blocks, dev.sm_count) * ceil_div(units, sp) * wgmma_unit_cost_pct(tm);
@@ -245,7 +248,9 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   const bool tc_ok = half_x;
   const bool wgmma_ok = tc_ok && p.mode == fp4::kModeNvfp4 && wgmma && dev.wgmma;
   plan.wg = auto_wgmma_config(p, dev);
-  if (wgmma_ok && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
+  // Small weights keep the paths above (staged kernel, then dequantize + cuBLASLt); forcing still works.
+  const bool wgmma_pays = p.n * p.k > int64_t(kWgmmaMaxSmallWeightElems);
+  if (wgmma_ok && wgmma_pays && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {
     if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;
     if (!std::strcmp(path_override, "dequant")) plan.path = Path::kDequantGemm;

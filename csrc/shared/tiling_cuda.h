@@ -87,6 +87,11 @@ enum : int {
   // to M = 512 (107.6 vs 126.0, 115.5 vs 122.5, 94.9 vs 110.3 us; at 256 stages it lost there).
   kWgmmaMinM = 17,
   kWgmmaMaxM = 512,
+  // ... for weights of more than this many elements (N x K). Llama-3-8B's k/v projections, 1024 x
+  // 4096 (stop 33, harness_plan_s33.txt): wgmma 12.8-19.0 us at M = 32..512, the staged kernel
+  // 10.4 at M = 32..64, dequantize + cuBLASLt 10.2-13.6 (the decode's fixed cost dominates so few
+  // tiles). Measured at this size and at 4096 x 4096 (wgmma faster) only: the boundary between is open.
+  kWgmmaMaxSmallWeightElems = 1024 * 4096,
   // The 256-row tile from this M, never split (its DSMEM reduction moves 128 KB per peer: at 8192^2
   // M = 256, 256/2 62.3 against 128/1 54.9 us), taken over the others' best only at a lower cost
   // (a fitting wave does not suffice: at 8192^2 M = 384, padded to 512, it ran 105.3 against 96/1 89.7).
