@@ -141,7 +141,8 @@ constexpr int64_t wgmma_unit_cost_pct(int tm) {
 // The 256-row tile is weighed against the others' pick, so it must come last.
 static_assert(kWgmmaTileMs[std::size(kWgmmaTileMs) - 1] == kWgmmaTileMHuge, "the 256-row tile is tried last");
 // wgmma kernel: the x tile (32 rows up to kWgmmaSmallTileMaxM, 64, 96, 128 or 256) and K split (1 or
-// 2, each block keeping kWgmmaMinUnitsPerSplit K units) giving the most blocks
+// 2, each block keeping kWgmmaMinUnitsPerSplit K units, split only while the unsplit tiles leave
+// SMs idle) giving the most blocks
 // within one wave of dev.sm_count, ties to the least padding of M, then to the wider tile (fewer
 // x tiles, more splits); when none fits one wave, the fewest waves x K units per block x unit
 // cost (a partial last wave costs a whole one; a K unit of the 96- or 128-row tile
