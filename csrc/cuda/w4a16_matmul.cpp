@@ -149,7 +149,6 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
       enc.set_input_array(x);
       enc.set_output_array(xp);
       add_node(enc, cuda::wgmma_permute_launch(pa, p.x_dtype), pa);
-      if (share) cache.store(stream().index, x, xp, p.m, p.k);
     }
     cuda::WgmmaArgs wa;
     cuda::wgmma_prepare(wa, a, mx::gpu_ptr<void>(xp), plan.wg);
@@ -158,6 +157,8 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
     enc.set_output_array(out);
     add_wgmma_node(enc, cuda::wgmma_launch(p, plan.wg), wa);
     enc.add_temporary(xp);
+    // Remembered only once both nodes are in: a throw above leaves no entry for a permutation that may not run.
+    if (share && !hit) cache.store(stream().index, x, xp, p.m, p.k);
     return;
   }
 
