@@ -3,7 +3,11 @@
 // GatherW4A16Matmul node. Also the same math in plain MLX ops (reference_ops).
 #include "gather_ops.h"
 
+#include <map>
+#include <mutex>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "errors.h"
 #include "format_tables.h"
@@ -90,17 +94,15 @@ std::optional<std::vector<int64_t>> readable_values(const mx::array& a) {
   return out;
 }
 
-// The indices for `arg` as uint32 (or, when absent, every matrix of `batch` in order).
-mx::array canonical_indices(
-    const std::optional<mx::array>& idx, const char* arg, const char* of, const mx::Shape& batch, mx::StreamOrDevice s) {
+// The indices for `arg` as uint32, checked against the `batch` of matrices they pick from when their
+// values can be read now.
+mx::array canonical_indices(const mx::array& idx, const char* arg, const char* of, const mx::Shape& batch,
+                            mx::StreamOrDevice s) {
   const int64_t limit = product(batch.begin(), batch.end());
-  if (!idx) {
-    return mx::reshape(mx::arange(static_cast<int>(limit), mx::uint32, s), batch, s);
+  if (!mx::issubdtype(idx.dtype(), mx::integer)) {
+    throw_invalid("[", kOp, "] ", arg, " must be an integer array but got dtype ", dtype_str(idx.dtype()), ".");
   }
-  if (!mx::issubdtype(idx->dtype(), mx::integer)) {
-    throw_invalid("[", kOp, "] ", arg, " must be an integer array but got dtype ", dtype_str(idx->dtype()), ".");
-  }
-  if (auto values = readable_values(*idx)) {
+  if (auto values = readable_values(idx)) {
     for (size_t i = 0; i < values->size(); ++i) {
       const int64_t v = (*values)[i];
       if (v < 0 || v >= limit) {
@@ -109,7 +111,50 @@ mx::array canonical_indices(
       }
     }
   }
-  return mx::astype(*idx, mx::uint32, s);
+  return mx::astype(idx, mx::uint32, s);
+}
+
+// The default indices (every matrix of `batch` in order) broadcast to `shape`, made on the host as a
+// constant: no Arange, Reshape or Broadcast node. Each node costs host time at every call, and an
+// mlx-lm SwitchGLU decode step runs three gathered products without lhs_indices per layer.
+mx::array make_default_indices(const mx::Shape& batch, const mx::Shape& shape) {
+  const size_t nd = shape.size(), lead = nd - batch.size();  // batch aligns with shape's last dims
+  std::vector<int64_t> stride(nd, 0);  // 0 on broadcast dims
+  int64_t step = 1;
+  for (size_t d = batch.size(); d-- > 0;) {
+    stride[lead + d] = batch[d] == 1 ? 0 : step;
+    step *= batch[d];
+  }
+  std::vector<uint32_t> values(static_cast<size_t>(product(shape.begin(), shape.end())));
+  std::vector<int64_t> coord(nd, 0);
+  for (auto& v : values) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < nd; ++d) flat += coord[d] * stride[d];
+    v = static_cast<uint32_t>(flat);
+    for (size_t d = nd; d-- > 0;) {  // the next position, row-major
+      if (++coord[d] < shape[d]) break;
+      coord[d] = 0;
+    }
+  }
+  return mx::array(values.begin(), shape, mx::uint32);
+}
+
+// Shape pairs remembered at most (decode repeats a few; prompts of new lengths add more).
+constexpr size_t kMaxCachedDefaultIndices = 64;
+
+// make_default_indices, remembered per (batch, shape): on CUDA the array lives in managed memory, so
+// one array reused stays where the GPU read it instead of being written by the host at each call.
+// The cache holds each array, so none is ever donated to an op's output. Never destroyed (arrays
+// released after MLX's allocator at exit would call into it).
+mx::array default_indices(const mx::Shape& batch, const mx::Shape& shape) {
+  static std::mutex mu;
+  using Key = std::pair<std::vector<int>, std::vector<int>>;  // mx::Shape has no ordering
+  static auto* cache = new std::map<Key, mx::array>();
+  std::lock_guard<std::mutex> lock(mu);
+  Key key{{batch.begin(), batch.end()}, {shape.begin(), shape.end()}};
+  if (auto it = cache->find(key); it != cache->end()) return it->second;
+  if (cache->size() >= kMaxCachedDefaultIndices) cache->clear();
+  return cache->emplace(std::move(key), make_default_indices(batch, shape)).first->second;
 }
 
 // The global scale (tensor amax, MLX's convention) as the multiplier gs / 2688: [] or [E].
@@ -173,26 +218,32 @@ Canonical canonicalize(
       throw_invalid("[", kOp, "] without indices the batch dims of x ", shape_str(xb), " and w ", shape_str(wb),
                     " must broadcast together.");
     }
-    auto lhs = mx::broadcast_to(canonical_indices(std::nullopt, "", "", xb, s), both, s);
-    auto rhs = mx::broadcast_to(canonical_indices(std::nullopt, "", "", wb, s), both, s);
+    auto lhs = default_indices(xb, both);
+    auto rhs = default_indices(wb, both);
     std::optional<mx::array> mult;
     if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
     return {{x, w, scales, lhs, rhs, mult, mode}, od, squeeze_m, false};
   }
-  auto lhs = canonical_indices(lhs_indices, "lhs_indices", "x", xb, s);
-  auto rhs = canonical_indices(rhs_indices, "rhs_indices", "w", wb, s);
+  // An absent side's shape is its batch shape (mx.gather_qmm's arange over it); it is made once the
+  // broadcast shape is known.
+  std::optional<mx::array> lhs, rhs;
+  if (lhs_indices) lhs = canonical_indices(*lhs_indices, "lhs_indices", "x", xb, s);
+  if (rhs_indices) rhs = canonical_indices(*rhs_indices, "rhs_indices", "w", wb, s);
+  const mx::Shape lhs_shape = lhs ? lhs->shape() : xb, rhs_shape = rhs ? rhs->shape() : wb;
   mx::Shape b;
   try {
-    b = mx::broadcast_shapes(lhs.shape(), rhs.shape());
+    b = mx::broadcast_shapes(lhs_shape, rhs_shape);
   } catch (const std::invalid_argument&) {
-    throw_invalid("[", kOp, "] lhs_indices of shape ", shape_str(lhs.shape()), " and rhs_indices of shape ",
-                  shape_str(rhs.shape()), " must broadcast together.");
+    throw_invalid("[", kOp, "] lhs_indices of shape ", shape_str(lhs_shape), " and rhs_indices of shape ",
+                  shape_str(rhs_shape), " must broadcast together.");
   }
+  if (!lhs) lhs = default_indices(xb, b);
+  if (!rhs) rhs = default_indices(wb, b);
   std::optional<mx::array> mult;
   if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
   // As mx.gather_qmm: the hint holds for rhs only when lhs is the default.
   const bool sorted_rhs = sorted_indices && rhs_indices && !lhs_indices;
-  return {{x, w, scales, mx::broadcast_to(lhs, b, s), mx::broadcast_to(rhs, b, s), mult, mode}, od, false, sorted_rhs};
+  return {{x, w, scales, mx::broadcast_to(*lhs, b, s), mx::broadcast_to(*rhs, b, s), mult, mode}, od, false, sorted_rhs};
 }
 
 mx::array squeeze_if(const mx::array& y, bool squeeze_m, mx::StreamOrDevice s) {

@@ -350,3 +350,29 @@ def test_grouped_prefill_tiles(device, dtype, m, sort, k):
                                      sorted_indices=sort)
     assert out.shape == (pairs, m, n)
     check_gather(out, x, w, s, lhs=lhs, rhs=rhs, global_scale=gs, epilogue=chain)
+
+
+def test_default_indices_add_no_nodes(device):
+    """An absent lhs_indices (mlx-lm's SwitchGLU) or absent indices are constants, not Arange /
+    Reshape / Broadcast nodes (each node costs host time at every decode step); the products read
+    the same matrices as the explicit indices, and repeated calls reuse the cached constant."""
+    from mlx_fp4.bench.decode_host import graph_nodes
+
+    g = rng("default-indices")
+    e, n, k, tokens, top_k = 4, 24, 64, 3, 2
+    w, s = experts(e, n, k, g)
+    x = rand_x((tokens, 1, 1, k), mx.bfloat16, g)  # SwitchGLU's expanded x at decode
+    idx = mx.array(topk_indices(g, tokens, top_k, e).astype(np.uint32))
+    mx.eval(x, w, s, idx)
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx)
+    assert graph_nodes(out)["by_primitive"] == {"GatherW4A16Matmul": 1}
+    lhs = mx.broadcast_to(mx.arange(tokens, dtype=mx.uint32).reshape(tokens, 1), (tokens, top_k))
+    explicit = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=lhs, rhs_indices=idx)
+    assert mx.array_equal(out, explicit).item()
+    check_gather(out, x, w, s, rhs=np.array(idx))
+    again = mx_fp4.gather_w4a16_matmul(x * 2, w, s, rhs_indices=idx)  # a cached constant: still right
+    check_gather(again, x * 2, w, s, rhs=np.array(idx))
+    xb = rand_x((2, 1, 5, k), mx.bfloat16, g)  # no indices: x's and w's batch dims broadcast
+    plain = mx_fp4.gather_w4a16_matmul(xb, w.reshape(2, 2, n, -1), s.reshape(2, 2, n, -1))
+    assert plain.shape == (2, 2, 5, n)
+    assert "Arange" not in graph_nodes(plain)["by_primitive"]
