@@ -26,6 +26,8 @@
 #              python -m mlx_fp4.bench moe (BENCH_MOE_ARGS)
 #   decode     python -m mlx_fp4.bench decode (Llama-3-8B shapes; DECODE_ARGS replaces the defaults
 #              --preset llama3-8b --layers 8 16 32), JSON + PNG + table in $OUT/decode
+#   planab     per product through MLX, the automatic plan against one forced path (PLANAB_PATH,
+#              default wgmma) on PLANAB_SHAPES (default 1024x4096), JSON + table in $OUT/planab_*
 #   overhead   scripts/gpu_op_overhead.py: host cost per call and chained products through MLX
 #   stress     scripts/gpu_stress.py (threads x streams x compile x grads; STRESS_ARGS), then the same
 #              with fewer iterations under compute-sanitizer memcheck, racecheck and synccheck
@@ -218,6 +220,20 @@ step_sanitizer() {
 
 step_decode() {
   PYTHONPATH=python "$PY" -m mlx_fp4.bench decode --out "$OUT/decode" ${DECODE_ARGS:---preset llama3-8b --layers 8 16 32}
+}
+# The plan against forcing one path, per product through MLX: the same bench twice, once with the
+# automatic plan and once with MLX_FP4_CUDA_PATH=$PLANAB_PATH (default wgmma), on PLANAB_SHAPES
+# (default: Llama-3-8B's k/v 1024x4096, which the plan keeps off wgmma) at M = 32..512.
+step_planab() {
+  local shapes="${PLANAB_SHAPES:-1024x4096}" rc=0
+  for path in auto "${PLANAB_PATH:-wgmma}"; do
+    echo "== MLX_FP4_CUDA_PATH=$path"
+    # shellcheck disable=SC2086
+    env $([ "$path" = auto ] || echo MLX_FP4_CUDA_PATH=$path) PYTHONPATH=python "$PY" -m mlx_fp4.bench --device gpu \
+      --no-progress --no-plot --out "$OUT/planab_$path" --shapes $shapes --m 32 64 128 256 512 \
+      --impls mlx_fp4 mlx_nvfp4 mlx_dense_bf16 --budget 2 --repeats 5 || rc=1
+  done
+  return $rc
 }
 step_overhead() { PYTHONPATH=python "$PY" scripts/gpu_op_overhead.py --out "$OUT" ${OVERHEAD_ARGS:-}; }
 
