@@ -141,7 +141,8 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
     // read the same x (wgmma_x_cache.h), then the wgmma kernel over it.
     const int64_t kp = cuda::wgmma_padded_k(p.k);
     auto& cache = cuda::WgmmaXCache::instance();
-    const bool share = cuda::WgmmaXCache::enabled();
+    static const char* share_env = env_or_null("MLX_FP4_CUDA_WGMMA_SHARE_X");  // "0": off
+    const bool share = !(share_env && !std::strcmp(share_env, "0"));
     std::optional<mx::array> hit = share ? cache.find(stream().index, x, p.m, p.k) : std::nullopt;
     mx::array xp = hit ? *hit : cuda::device_array({static_cast<int>(p.m), static_cast<int>(kp)}, x.dtype(), enc);
     if (!hit) {

@@ -8,12 +8,10 @@
 // through set_input_array, so MLX orders it after the permute node (same graph: by buffer; an
 // earlier graph: by stream order), and each product adds xp as a temporary, so it outlives its use.
 // Only one stream's own products share (the key holds the stream). MLX_FP4_CUDA_WGMMA_SHARE_X=0
-// turns it off (A/B timing; the per-op benchmark times one product, permute included).
+// turns it off in the glue (A/B timing; the per-op benchmark times one product, permute included).
 // Compiled by the C++ compiler (MLX's CUDA headers), as w4a16_matmul.cpp.
 #pragma once
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -56,14 +54,6 @@ class WgmmaXCache {
   static WgmmaXCache& instance() {
     static WgmmaXCache* cache = new WgmmaXCache();
     return *cache;
-  }
-
-  static bool enabled() {
-    static const bool on = [] {
-      const char* v = std::getenv("MLX_FP4_CUDA_WGMMA_SHARE_X");
-      return !(v && !std::strcmp(v, "0"));
-    }();
-    return on;
   }
 
  private:

@@ -32,9 +32,9 @@ from ..formats import MODE_DEFAULTS
 from .decode_host import host_costs, host_profile, host_table, install_expert_floor, install_floor, node_cost, step_graph
 from .plot import pyplot
 
-VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv", "floor", "floor_view", "floor_experts")
 FLOORS = ("floor", "floor_view")  # dense presets
 EXPERT_FLOOR = "floor_experts"  # MoE presets: FP4Linear elsewhere, experts one trivial node
+VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv") + FLOORS + (EXPERT_FLOOR,)
 OURS = ("fp4", "fp4_fused", "fp4_qkv")
 LABELS = {
     "dense": "dense bf16 (nn.Linear)",
@@ -44,7 +44,7 @@ LABELS = {
     "fp4_qkv": "FP4Linear + fused SwiGLU + fused QKV",
     "floor": "floor: 1 trivial kernel per linear",
     "floor_view": "floor: 1 view node per linear",
-    "floor_experts": "floor: FP4Linear, experts 1 trivial kernel",
+    EXPERT_FLOOR: "floor: FP4Linear, experts 1 trivial kernel",
 }
 # Identical models in two processes decoded 1.24-1.41x apart on the H200 (docs/moe.md, stop 27).
 SPREAD_NOTE = ("\none process per variant: a ratio between two variants carries the spread between processes "
@@ -487,13 +487,14 @@ def main(argv=None) -> int:
         return 0
     if args.repeats < 1 or args.processes < 1 or args.tokens < 2 or args.prompt < 1:
         raise SystemExit("[bench decode] --repeats/--processes expected >= 1, --tokens >= 2, --prompt >= 1")
-    if args.variants is None:
-        moe = PRESETS[args.preset]["module"] in MOE_MODULES
-        args.variants = [v for v in VARIANTS if not (moe and v in FLOORS) and not (not moe and v == EXPERT_FLOOR)]
-    if set(FLOORS) & set(args.variants) and PRESETS[args.preset]["module"] in MOE_MODULES:
+    moe = PRESETS[args.preset]["module"] in MOE_MODULES
+    if args.variants is None:  # the floors that fit the preset
+        excluded = FLOORS if moe else (EXPERT_FLOOR,)
+        args.variants = [v for v in VARIANTS if v not in excluded]
+    if set(FLOORS) & set(args.variants) and moe:
         raise SystemExit(f"[bench decode] --variants {'/'.join(FLOORS)} expected a dense preset but got {args.preset} "
                          "(expert layers would stay dense)")
-    if EXPERT_FLOOR in args.variants and PRESETS[args.preset]["module"] not in MOE_MODULES:
+    if EXPERT_FLOOR in args.variants and not moe:
         raise SystemExit(f"[bench decode] --variants {EXPERT_FLOOR} expected a preset with expert layers "
                          f"({', '.join(MOE_MODULES)}) but got {args.preset}")
     try:
