@@ -3,9 +3,11 @@
 // GatherW4A16Matmul node. Also the same math in plain MLX ops (reference_ops).
 #include "gather_ops.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -146,7 +148,17 @@ constexpr size_t kMaxCachedDefaultIndices = 64;
 // one array reused stays where the GPU read it instead of being written by the host at each call.
 // The cache holds each array, so none is ever donated to an op's output. Never destroyed (arrays
 // released after MLX's allocator at exit would call into it).
-mx::array default_indices(const mx::Shape& batch, const mx::Shape& shape) {
+// MLX_FP4_GATHER_DEFAULT_INDICES=nodes builds them as mx.gather_qmm does (Arange, Reshape,
+// Broadcast nodes at every call) instead: the A/B of the constants' cost on a device.
+mx::array default_indices(const mx::Shape& batch, const mx::Shape& shape, mx::StreamOrDevice s) {
+  static const bool nodes = [] {
+    const char* v = std::getenv("MLX_FP4_GATHER_DEFAULT_INDICES");
+    return v && std::string(v) == "nodes";
+  }();
+  if (nodes) {
+    const int limit = static_cast<int>(product(batch.begin(), batch.end()));
+    return mx::broadcast_to(mx::reshape(mx::arange(limit, mx::uint32, s), batch, s), shape, s);
+  }
   static std::mutex mu;
   using Key = std::pair<std::vector<int>, std::vector<int>>;  // mx::Shape has no ordering
   static auto* cache = new std::map<Key, mx::array>();
@@ -218,8 +230,8 @@ Canonical canonicalize(
       throw_invalid("[", kOp, "] without indices the batch dims of x ", shape_str(xb), " and w ", shape_str(wb),
                     " must broadcast together.");
     }
-    auto lhs = default_indices(xb, both);
-    auto rhs = default_indices(wb, both);
+    auto lhs = default_indices(xb, both, s);
+    auto rhs = default_indices(wb, both, s);
     std::optional<mx::array> mult;
     if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
     return {{x, w, scales, lhs, rhs, mult, mode}, od, squeeze_m, false};
@@ -237,8 +249,8 @@ Canonical canonicalize(
     throw_invalid("[", kOp, "] lhs_indices of shape ", shape_str(lhs_shape), " and rhs_indices of shape ",
                   shape_str(rhs_shape), " must broadcast together.");
   }
-  if (!lhs) lhs = default_indices(xb, b);
-  if (!rhs) rhs = default_indices(wb, b);
+  if (!lhs) lhs = default_indices(xb, b, s);
+  if (!rhs) rhs = default_indices(wb, b, s);
   std::optional<mx::array> mult;
   if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
   // As mx.gather_qmm: the hint holds for rhs only when lhs is the default.

@@ -2,6 +2,8 @@
 mx.gather_qmm(mode="nvfp4") on the same bytes: mlx-lm's call patterns (top-k decode, sorted
 prefill), lhs + rhs indices, batch dims, repeats, both layouts, global scales, the chain."""
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -136,6 +138,35 @@ def test_decode_dense_kernel_shapes(device, dtype, k, m):
     out = mx_fp4.gather_w4a16_matmul(x, w, s, rhs_indices=idx, global_scale=gs, epilogue=chain)
     assert out.shape == (t, top, m, n)
     check_gather(out, x, w, s, rhs=idx, global_scale=gs, epilogue=chain)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("k,lhs_form", [(256, "none"), (384, "order")])
+def test_decode_runs_of_one_expert(device, dtype, k, lhs_form):
+    """mlx-lm's sorted decode (64 pairs and more): consecutive pairs of one expert, which the CUDA
+    backend runs as one product per run of up to 8 rows. Runs longer than 8 and crossing the
+    8-aligned windows, a run of one, x rows in the pairs' order or through lhs, per-expert global
+    scales and a chain with per-row operands (every row the runs move is checked)."""
+    g = rng("decode-runs", k, lhs_form, str(dtype))
+    e, n, tokens = 4, 40, 9
+    w, s = experts(e, n, k, g)
+    rhs_np = np.sort(np.concatenate([np.full(19, 1), np.full(3, 2), [0], g.integers(0, e, size=41)]))
+    pairs = rhs_np.size
+    rhs = mx.array(rhs_np.astype(np.uint32))
+    if lhs_form == "none":
+        x = rand_x((pairs, 1, k), dtype, g)
+        lhs = None
+    else:
+        x = rand_x((tokens, 1, k), dtype, g)
+        lhs = mx.array(g.integers(0, tokens, size=pairs).astype(np.uint32))
+    gs = mx.array(g.uniform(1, 600, size=e).astype(np.float32))
+    bias = rand_x((e, n), mx.float32, g)[rhs][:, None, :]
+    gate = rand_x((pairs, 1, n), dtype, g)
+    chain = [("add", bias), "silu", ("mul", gate)]
+    out = mx_fp4.gather_w4a16_matmul(x, w, s, lhs_indices=lhs, rhs_indices=rhs, global_scale=gs, epilogue=chain,
+                                     sorted_indices=True)
+    assert out.shape == (pairs, 1, n)
+    check_gather(out, x, w, s, lhs=lhs, rhs=rhs, global_scale=gs, epilogue=chain)
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -352,6 +383,8 @@ def test_grouped_prefill_tiles(device, dtype, m, sort, k):
     check_gather(out, x, w, s, lhs=lhs, rhs=rhs, global_scale=gs, epilogue=chain)
 
 
+@pytest.mark.skipif(os.environ.get("MLX_FP4_GATHER_DEFAULT_INDICES") == "nodes",
+                    reason="MLX_FP4_GATHER_DEFAULT_INDICES=nodes asks for the nodes (an A/B switch)")
 def test_default_indices_add_no_nodes(device):
     """An absent lhs_indices (mlx-lm's SwitchGLU) or absent indices are constants, not Arange /
     Reshape / Broadcast nodes (each node costs host time at every decode step); the products read

@@ -51,7 +51,7 @@ DeviceInfo g_dev;
 // The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV as the decode
 // GEMV, the SIMT kernel, the batched dense tensor-core kernel and the three grouped tensor-core
 // kernels (wgmma forced where it can run: elsewhere the glue's next choice runs under its name).
-enum class Kind { kDecode, kPairs, kPairsTc, kGemv, kTc, kTcStaged, kTcWgmma };
+enum class Kind { kDecode, kPairs, kPairsTc, kPairsRuns, kGemv, kTc, kTcStaged, kTcWgmma };
 
 // The glue's choice for `a` (gather_kernel_for, gather_pair_launch, then gather_tc_for's rows
 // rule for wgmma).
@@ -60,7 +60,10 @@ Kind kind_of(const GatherArgs& a) {
   const GatherKernel k = gather_kernel_for(g);
   if (k == GatherKernel::kPairs) {
     const PairKernel pk = gather_pair_launch(a, vector_loads_ok(g.mm, a.x, a.w), g_dev).kernel;
-    return pk == PairKernel::kBatchedTc ? Kind::kPairsTc : pk == PairKernel::kDecode ? Kind::kDecode : Kind::kPairs;
+    return pk == PairKernel::kRunsTc      ? Kind::kPairsRuns
+           : pk == PairKernel::kBatchedTc ? Kind::kPairsTc
+           : pk == PairKernel::kDecode    ? Kind::kDecode
+                                          : Kind::kPairs;
   }
   if (k != GatherKernel::kTc) return Kind::kGemv;
   const bool wgmma = g_dev.wgmma && fp4::cuda_gather_tiling::gather_wgmma_rows_ok(fp4::gather_out_rows(g), g.experts);
@@ -155,12 +158,13 @@ struct Problem {
   // force their pair kernel as MLX_FP4_CUDA_GATHER_PAIRS does (the rule's order where it cannot run).
   void launch(cudaStream_t st) {
     const bool vec = vector_loads_ok(g.mm, a.x, a.w);
-    if (kernel == Kind::kDecode || kernel == Kind::kPairs || kernel == Kind::kPairsTc) {
-      const PairKernel forced = kernel == Kind::kDecode  ? PairKernel::kDecode
-                                : kernel == Kind::kPairs ? PairKernel::kSimt
-                                                         : PairKernel::kBatchedTc;
+    if (kernel == Kind::kDecode || kernel == Kind::kPairs || kernel == Kind::kPairsTc || kernel == Kind::kPairsRuns) {
+      const PairKernel forced = kernel == Kind::kDecode    ? PairKernel::kDecode
+                                : kernel == Kind::kPairs   ? PairKernel::kSimt
+                                : kernel == Kind::kPairsTc ? PairKernel::kBatchedTc
+                                                           : PairKernel::kRunsTc;
       const PairLaunch l = gather_pair_launch(a, vec, g_dev, int(forced), decode_shape);
-      if (l.kernel == PairKernel::kBatchedTc) {
+      if (l.kernel == PairKernel::kBatchedTc || l.kernel == PairKernel::kRunsTc) {
         W4A16Args b = batched_args(a);
         run(l.launch, b, st);
       } else {
@@ -207,11 +211,17 @@ float bf16_value(uint16_t bits) {
 
 // Double sum over exact decoded weights; NaN rows for out-of-range pairs.
 const char* kernel_name(Kind k) {
-  return k == Kind::kDecode ? "decode" : k == Kind::kPairs ? "pairs" : k == Kind::kPairsTc ? "pairs-tc"
-         : k == Kind::kTc ? "tc" : k == Kind::kTcStaged ? "tc-staged" : k == Kind::kTcWgmma ? "tc-wgmma" : "gemv";
+  return k == Kind::kDecode       ? "decode"
+         : k == Kind::kPairs      ? "pairs"
+         : k == Kind::kPairsTc    ? "pairs-tc"
+         : k == Kind::kPairsRuns  ? "pairs-runs"
+         : k == Kind::kTc         ? "tc"
+         : k == Kind::kTcStaged   ? "tc-staged"
+         : k == Kind::kTcWgmma    ? "tc-wgmma"
+                                  : "gemv";
 }
-constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs,     Kind::kPairsTc, Kind::kGemv,
-                             Kind::kTc,     Kind::kTcStaged, Kind::kTcWgmma};
+constexpr Kind kKernels[] = {Kind::kDecode, Kind::kPairs,    Kind::kPairsTc,  Kind::kPairsRuns,
+                             Kind::kGemv,   Kind::kTc,       Kind::kTcStaged, Kind::kTcWgmma};
 constexpr int kNumKernels = sizeof(kKernels) / sizeof(kKernels[0]);
 
 void check(const std::string& name, Problem& pr, Kind kernel, int decode_shape = -1) {
@@ -317,6 +327,15 @@ void run_checks() {
       check("grouped 64-row tiles, K = 512", p, tc);
     }
     {
+      // Runs of one expert (the runs kernel: K % 128 == 0, one row of x per pair): sorted pairs over
+      // 3 experts, runs longer than a block's 8 rows and crossing its windows, x rows through lhs,
+      // an out-of-range expert and an out-of-range x matrix inside runs, per-expert multipliers.
+      std::vector<uint32_t> l = random_experts(45, 45, false, rng), r = random_experts(45, 3, true, rng);
+      r[13] = 3, l[30] = 45;
+      Problem p(3, 40, 256, 1, 45, l, r, true, rng);
+      check("runs of one expert, K = 256", p, tc);
+    }
+    {
       // Unsorted, one row per pair, K = 768 (3 stages), one multiplier.
       Problem p(5, 136, 768, 1, 400, iota_u32(400), random_experts(400, 5, false, rng), false, rng);
       check("grouped unsorted, K = 768", p, tc);
@@ -404,6 +423,7 @@ void run_bench() {
       }
       Problem p(kExperts, n, k, 1, sorted ? pairs : tokens, sorted ? iota_u32(pairs) : iota_u32(pairs, kTop),
                 routes[0], true, rng);
+      p.g.sorted_rhs = sorted ? 1 : 0;  // mlx-lm's hint
       p.upload(Kind::kGemv);
       const Kind planned = kind_of(p.a);
       std::vector<uint32_t*> d_routes;

@@ -32,13 +32,14 @@ cuda::GatherKernel gather_kernel(const fp4::GatherW4A16Problem& g) {
   return cuda::gather_kernel_supports(forced, g) ? forced : cuda::gather_kernel_for(g);
 }
 
-// MLX_FP4_CUDA_GATHER_PAIRS=tc|decode|simt forces a pair kernel where it can run (tests, A/B
-// timing); -1 when unset (gather_pair_launch's order).
+// MLX_FP4_CUDA_GATHER_PAIRS=runs|tc|decode|simt forces a pair kernel where it can run (tests, A/B
+// timing; tc = batched without runs); -1 when unset (gather_pair_launch's order).
 int pairs_forced() {
   static const int forced = [] {
     const char* env = std::getenv("MLX_FP4_CUDA_GATHER_PAIRS");
     const std::string v = env ? env : "";
-    return v == "tc"       ? int(cuda::PairKernel::kBatchedTc)
+    return v == "runs"     ? int(cuda::PairKernel::kRunsTc)
+           : v == "tc"     ? int(cuda::PairKernel::kBatchedTc)
            : v == "decode" ? int(cuda::PairKernel::kDecode)
            : v == "simt"   ? int(cuda::PairKernel::kSimt)
                            : -1;
@@ -106,7 +107,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
     enc.set_output_array(out);
     const cuda::PairLaunch run = cuda::gather_pair_launch(a, vec, cuda::device_info(device), pairs_forced(),
                                                           decode_shape_forced());
-    if (run.kernel == cuda::PairKernel::kBatchedTc) {
+    if (run.kernel == cuda::PairKernel::kBatchedTc || run.kernel == cuda::PairKernel::kRunsTc) {
       cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
       enc.add_kernel_node_ex(run.launch.func, run.launch.grid, run.launch.block, {}, run.launch.smem, b);
     } else {

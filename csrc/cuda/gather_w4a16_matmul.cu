@@ -163,16 +163,21 @@ PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& d
   const fp4::GatherW4A16Problem& g = a.g;
   const bool staged = half_precision_x(g.mm) && staged_loads_ok(g.mm, a.x, a.w, a.scales);
   const Launch tc = staged ? tc_batched_launch(g.mm, dev, true, g.pairs) : Launch{};
-  auto runs = [&](PairKernel k) {
-    return k == PairKernel::kSimt || (k == PairKernel::kDecode ? gather_decode_ok(a, vec, shape) : tc.func != nullptr);
+  const Launch tc_runs = staged ? tc_batched_launch(g.mm, dev, true, g.pairs, true) : Launch{};
+  auto can_run = [&](PairKernel k) {
+    return k == PairKernel::kSimt || (k == PairKernel::kDecode   ? gather_decode_ok(a, vec, shape)
+                                      : k == PairKernel::kRunsTc ? tc_runs.func != nullptr
+                                                                 : tc.func != nullptr);
   };
-  const PairKernel k = forced >= 0 && runs(static_cast<PairKernel>(forced)) ? static_cast<PairKernel>(forced)
-                       : runs(PairKernel::kBatchedTc)                       ? PairKernel::kBatchedTc
-                       : runs(PairKernel::kDecode)                          ? PairKernel::kDecode
-                                                                            : PairKernel::kSimt;
-  const Launch l = k == PairKernel::kBatchedTc ? tc
-                   : k == PairKernel::kDecode  ? decode_launch(g, decode_shape(g, shape))
-                                               : simt_pairs_launch(g, vec);
+  const PairKernel k = forced >= 0 && can_run(static_cast<PairKernel>(forced)) ? static_cast<PairKernel>(forced)
+                       : g.sorted_rhs && can_run(PairKernel::kRunsTc)          ? PairKernel::kRunsTc
+                       : can_run(PairKernel::kBatchedTc)                       ? PairKernel::kBatchedTc
+                       : can_run(PairKernel::kDecode)                          ? PairKernel::kDecode
+                                                                               : PairKernel::kSimt;
+  const Launch l = k == PairKernel::kRunsTc      ? tc_runs
+                   : k == PairKernel::kBatchedTc ? tc
+                   : k == PairKernel::kDecode    ? decode_launch(g, decode_shape(g, shape))
+                                                 : simt_pairs_launch(g, vec);
   return PairLaunch{k, l};
 }
 

@@ -93,6 +93,41 @@ __device__ __forceinline__ W4A16Args batch_view(const W4A16Args& a, bool& live) 
 }
 __device__ __forceinline__ int64_t batch_chain_row0(const W4A16Args& a) { return int64_t(blockIdx.z) * a.p.m; }
 
+// Pair z of a batched launch with one row of x per pair is in range when both its indices are.
+__device__ __forceinline__ bool pair_in_range(const W4A16Args& a, int64_t z) {
+  return a.batch_rhs[z] < a.batch_experts && a.batch_lhs[z] < a.batch_x_matrices;
+}
+
+// Grid z of a runs launch (one row of x per pair; kStagedRuns): consecutive in-range pairs of one
+// expert are one product of up to kCap rows, so an expert's weights are read once per run, not
+// once per pair (mlx-lm sorts the pairs by expert from 64 on). Pair z starts a run when it is
+// the first of its kCap-aligned window, out of range, after an out-of-range pair or after another
+// expert; the run is its pairs up to the next start, so every pair belongs to exactly one run.
+// Other blocks have nothing to do (`live` false, `dead` false); an out-of-range start is one NaN
+// row (`dead`). The run's rows read x rows lhs[z..] (x_rows) and write out rows z.. in order.
+template <int kCap>
+__device__ __forceinline__ W4A16Args runs_view(const W4A16Args& a, bool& live, bool& dead) {
+  W4A16Args b = a;
+  const int64_t z = blockIdx.z, pairs = gridDim.z;
+  const uint32_t e = a.batch_rhs[z];
+  const bool ok = pair_in_range(a, z);
+  const bool start = z % kCap == 0 || !ok || !pair_in_range(a, z - 1) || a.batch_rhs[z - 1] != e;
+  b.out = static_cast<uint8_t*>(a.out) + z * a.p.n * fp4::dtype_bytes(a.p.out_dtype);
+  b.p.m = 1;
+  dead = start && !ok;
+  live = start && ok;
+  if (!live) return b;
+  int64_t r = 1;
+  while (z + r < pairs && (z + r) % kCap != 0 && a.batch_rhs[z + r] == e && pair_in_range(a, z + r)) ++r;
+  b.p.m = r;
+  b.w = a.w + e * a.w_batch_bytes;
+  b.scales = a.scales + e * a.scale_batch_bytes;
+  b.global_scale = expert_multiplier(a, e);
+  // In range, so each index is below batch_x_matrices, an int32 row count of x.
+  b.x_rows = reinterpret_cast<const int32_t*>(a.batch_lhs + z);
+  return b;
+}
+
 // Tile `tile` of a grouped launch (W4A16Args::group_*): its expert, its first row in the sorted
 // order and the rows left in its group from there (the kernel's tile covers what fits).
 // `live` is false past the plan's tile count.

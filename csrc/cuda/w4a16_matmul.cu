@@ -88,15 +88,20 @@ CUfunction staged_func_sub(int mt, int rt) {
   }
 }
 
-// The batched staged kernels (tc_batched_launch): one x tile (mt = 1), the decode case.
-template <typename T, int Mode>
+// The batched staged kernels (tc_batched_launch): one x tile (mt = 1), the decode case; kProducts
+// is kStagedBatched or kStagedRuns.
+template <typename T, int Mode, int kProducts>
 CUfunction batched_staged_func(int rt, int sub) {
   if (sub == kStagedSubSteps) {
-    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, Mode, kStagedBatched>)
-                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, Mode, kStagedBatched>);
+    return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, kStagedSubSteps, Mode, kProducts>)
+                   : func_of(w4a16_tc_staged_kernel<T, 1, 2, kStagedSubSteps, Mode, kProducts>);
   }
-  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, Mode, kStagedBatched>)
-                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, Mode, kStagedBatched>);
+  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, 1, Mode, kProducts>)
+                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, 1, Mode, kProducts>);
+}
+template <typename T, int Mode>
+CUfunction batched_staged_func(int rt, int sub, bool runs) {
+  return runs ? batched_staged_func<T, Mode, kStagedRuns>(rt, sub) : batched_staged_func<T, Mode, kStagedBatched>(rt, sub);
 }
 
 // The grouped staged kernels (tc_grouped_launch): x tiles of kMaxStagedColTiles x 8 rows, two
@@ -117,13 +122,13 @@ CUfunction grouped_staged_func_of(int x_dtype, int mode, int sub) {
 }
 
 // Either x dtype and scale format.
-CUfunction batched_staged_func_of(int x_dtype, int mode, int rt, int sub) {
+CUfunction batched_staged_func_of(int x_dtype, int mode, int rt, int sub, bool runs) {
   if (mode == fp4::kModeMxfp4) {
-    return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeMxfp4>(rt, sub)
-                                     : batched_staged_func<__nv_bfloat16, fp4::kModeMxfp4>(rt, sub);
+    return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeMxfp4>(rt, sub, runs)
+                                     : batched_staged_func<__nv_bfloat16, fp4::kModeMxfp4>(rt, sub, runs);
   }
-  return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeNvfp4>(rt, sub)
-                                   : batched_staged_func<__nv_bfloat16, fp4::kModeNvfp4>(rt, sub);
+  return x_dtype == fp4::kDtypeF16 ? batched_staged_func<__half, fp4::kModeNvfp4>(rt, sub, runs)
+                                   : batched_staged_func<__nv_bfloat16, fp4::kModeNvfp4>(rt, sub, runs);
 }
 
 template <typename T, int Mode>
@@ -186,11 +191,12 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   return l;
 }
 
-Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products) {
+Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products, bool runs) {
   const Plan plan = plan_w4a16(p, dev, vec, vec, nullptr, nullptr);
   if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return Launch{};
+  if (runs && p.m != 1) return Launch{};
   Launch l = tc_launch_shape(p, plan.tc, true, true);
-  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, staged_sub_steps(p.k));
+  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, staged_sub_steps(p.k), runs);
   l.grid.z = static_cast<unsigned>(products);
   return l;
 }
@@ -457,14 +463,19 @@ void preload_kernels() {
                 const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(l.smem));
                 if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
-                // The batched (mt = 1) and grouped (the widest tile) variants of the same tile.
+                // The batched and runs (mt = 1) and grouped (the widest tile) variants of the same tile.
                 const int sub = staged_sub_steps(k);
-                CUfunction variant = nullptr;
-                if (mt == 1) variant = batched_staged_func_of(dt, mode, rt, sub);
-                if (mt == kMaxStagedColTiles && rt == 2) variant = grouped_staged_func_of(dt, mode, sub);
-                if (variant && cuFuncSetAttribute(variant, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                  static_cast<int>(l.smem)) != CUDA_SUCCESS) {
-                  throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                CUfunction variants[2] = {nullptr, nullptr};
+                if (mt == 1) {
+                  variants[0] = batched_staged_func_of(dt, mode, rt, sub, false);
+                  variants[1] = batched_staged_func_of(dt, mode, rt, sub, true);
+                }
+                if (mt == kMaxStagedColTiles && rt == 2) variants[0] = grouped_staged_func_of(dt, mode, sub);
+                for (CUfunction variant : variants) {
+                  if (variant && cuFuncSetAttribute(variant, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                    static_cast<int>(l.smem)) != CUDA_SUCCESS) {
+                    throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                  }
                 }
               }
               p.k = 1;

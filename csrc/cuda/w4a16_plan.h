@@ -249,8 +249,8 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   const bool tc_ok = half_x;
   const bool wgmma_ok = tc_ok && p.mode == fp4::kModeNvfp4 && wgmma && dev.wgmma;
   plan.wg = auto_wgmma_config(p, dev);
-  // Small weights keep the paths above (staged kernel, then dequantize + cuBLASLt); forcing still works.
-  const bool wgmma_pays = p.n * p.k > int64_t(kWgmmaMaxSmallWeightElems);
+  // Small weights keep the staged kernel where it runs (forcing still works).
+  const bool wgmma_pays = p.n * p.k > int64_t(kWgmmaMaxSmallWeightElems) || p.m > kStagedTcMaxM;
   if (wgmma_ok && wgmma_pays && p.m >= kWgmmaMinM && p.m <= kWgmmaMaxM) plan.path = Path::kWgmma;
   if (path_override && *path_override) {
     if (!std::strcmp(path_override, "simt")) plan.path = Path::kSimt;

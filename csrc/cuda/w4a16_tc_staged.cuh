@@ -66,21 +66,25 @@ __device__ __forceinline__ int staged_swizzle(int row) {
 }
 
 // The products of one launch: one, a batch over grid z (W4A16Args::batch_*, the gathered op's
-// decode), or grouped tiles over grid x (W4A16Args::group_*, the gathered op's prefill).
-enum StagedProducts : int { kStagedOne = 0, kStagedBatched = 1, kStagedGrouped = 2 };
+// decode), the same batch with runs of one expert merged (runs_view; one row of x per pair), or
+// grouped tiles over grid x (W4A16Args::group_*, the gathered op's prefill).
+enum StagedProducts : int { kStagedOne = 0, kStagedBatched = 1, kStagedGrouped = 2, kStagedRuns = 3 };
 
 template <typename T, int MT, int RT, int SUB, int Mode, int kProducts = kStagedOne>
 __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args args) {
   using Lane = TcLane<Mode>;
   constexpr bool kGrouped = kProducts == kStagedGrouped;
+  constexpr bool kRuns = kProducts == kStagedRuns;
+  constexpr bool kMappedX = kGrouped || kRuns;  // x rows through x_rows
   extern __shared__ __align__(16) uint8_t ring[];
   W4A16Args view;  // this block's product when batched or grouped (unused otherwise)
-  bool live = true;
+  bool live = true, dead = kProducts == kStagedBatched;
   if constexpr (kProducts == kStagedBatched) view = batch_view(args, live);
   if constexpr (kGrouped) view = group_view(args, live);
+  if constexpr (kRuns) view = runs_view<kMmaCols * MT>(args, live, dead);
   const W4A16Args& a = kProducts != kStagedOne ? view : args;
   if (!live) {  // uniform per block, before any barrier
-    if constexpr (kProducts == kStagedBatched) batch_fill_nan(a);
+    if (dead) batch_fill_nan(a);
     return;
   }
   constexpr int kRows = kMmaRows * RT;               // weight rows of the warp
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   const int g = lane >> 2;
   const int t = lane & 3;
   const int64_t M = a.p.m, N = a.p.n, K = a.p.k;
-  const int64_t m_base = kGrouped ? 0 : int64_t(blockIdx.x) * (kMmaCols * MT);  // grouped: x rows mapped
+  const int64_t m_base = kMappedX ? 0 : int64_t(blockIdx.x) * (kMmaCols * MT);  // one tile of mapped rows
   const int64_t n_base = int64_t(blockIdx.y) * kRows;
 
   int64_t s_begin, s_end;
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   for (int j = 0; j < MT; ++j) {
     int64_t m = m_base + j * kMmaCols + g;
     m = m < M ? m : M - 1;
-    if constexpr (kGrouped) m = a.x_rows[m];
+    if constexpr (kMappedX) m = a.x_rows[m];
     xsrc[j] = static_cast<const T*>(a.x) + m * K + s_begin * SUB * kStepK + Lane::k0(t);
   }
 
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring: reuse it for the reduction
   static_assert(MT * RT * 4 * 32 * sizeof(float) <= kStages * kSlot, "reduction must fit in the ring");
-  const int64_t chain_row0 = kProducts == kStagedBatched ? batch_chain_row0(args) : 0;
+  const int64_t chain_row0 = kProducts == kStagedBatched ? batch_chain_row0(args) : kRuns ? int64_t(blockIdx.z) : 0;
   tc_reduce_store<MT, RT, kGrouped>(a, args, acc, reinterpret_cast<float*>(ring), m_base, n_base, tc_acc_scale(Mode),
                                     chain_row0);
 }

@@ -87,10 +87,13 @@ enum : int {
   // to M = 512 (107.6 vs 126.0, 115.5 vs 122.5, 94.9 vs 110.3 us; at 256 stages it lost there).
   kWgmmaMinM = 17,
   kWgmmaMaxM = 512,
-  // ... for weights of more than this many elements (N x K). Llama-3-8B's k/v projections, 1024 x
-  // 4096 (stop 33, harness_plan_s33.txt): wgmma 12.8-19.0 us at M = 32..512, the staged kernel
-  // 10.4 at M = 32..64, dequantize + cuBLASLt 10.2-13.6 (the decode's fixed cost dominates so few
-  // tiles). Measured at this size and at 4096 x 4096 (wgmma faster) only: the boundary between is open.
+  // Weights of at most this many elements (N x K) take wgmma only past the staged kernel's range
+  // (kStagedTcMaxM). Llama-3-8B's k/v projections, 1024 x 4096, per product through MLX (stop 34,
+  // planab_s34): staged 4.9 / 8.5 us at M = 32 / 64 against wgmma's 11.8 / 8.8; from M = 128 wgmma
+  // 11.0 / 14.0 / 23.3 us at 128 / 256 / 512 against dequantize + cuBLASLt's 29.4 / 21.0 / 23.6
+  // (in the kernel harness dequantize + cuBLASLt was ahead, 10.8-13.6 against 16.5-19.0 us:
+  // through MLX its two launches and its temporary cost more). Measured at this size and at 4096 x
+  // 4096 (wgmma faster at every M) only: the boundary between is open.
   kWgmmaMaxSmallWeightElems = 1024 * 4096,
   // The 256-row tile from this M, never split (its DSMEM reduction moves 128 KB per peer: at 8192^2
   // M = 256, 256/2 62.3 against 128/1 54.9 us), taken over the others' best only at a lower cost
