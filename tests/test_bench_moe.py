@@ -70,3 +70,28 @@ def test_moe_host_floor_and_fused(tmp_path):
     assert all(v["status"] == "ok" and v["host_floor_ms"] > 0 for v in r.values())
     assert r["mlx_fp4_fused"]["nodes"] < r["mlx_fp4"]["nodes"]
     assert "nodes, host floor ms" in (tmp_path / "moe_cpu.md").read_text()
+
+
+def test_moe_expert_floor(tmp_path):
+    """The floor implementation (one trivial kernel for the experts, the routing still consumed):
+    fewer nodes than any real implementation, the right output shape, and the bound column
+    (gather_qmm's time over the floor's) in the table."""
+    import mlx.core as mx
+
+    from mlx_fp4.bench import moe
+
+    cfg = {"experts": 8, "top_k": 2, "hidden": 64, "moe_intermediate": 32}
+    x = mx.ones((3, 64), mx.bfloat16)
+    idx = mx.argpartition(-mx.arange(24, dtype=mx.float32).reshape(3, 8), kth=1, axis=-1)[:, :2]
+    out = moe.floor_layer(cfg)(x, idx)
+    assert out.shape == (3, 2, 64) and out.dtype == mx.bfloat16
+    rc = bench_main.main(["moe", "--device", "cpu", "--tokens", "2", "--repeats", "1", "--budget", "5",
+                          "--impls", "mlx_fp4", "mlx_nvfp4", "floor", "--host-floor", "--out", str(tmp_path)] + SMALL)
+    assert rc == 0
+    (p,) = json.loads((tmp_path / "moe_cpu.json").read_text())["points"]
+    r = p["results"]
+    assert r["floor"]["status"] == "ok" and r["floor"]["nodes"] < r["mlx_fp4"]["nodes"]
+    # the routing's argpartition is still in the floor's graph
+    assert r["floor"]["nodes"] >= 3
+    assert p["floor_x_mlx_nvfp4"] > 0
+    assert "bound: mlx_nvfp4 / floor" in (tmp_path / "moe_cpu.md").read_text()

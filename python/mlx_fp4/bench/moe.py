@@ -22,19 +22,22 @@ DECODE_TOKENS = [1, 2, 4, 8, 16]
 PREFILL_TOKENS = [512, 2048]
 OURS = "mlx_fp4"
 FUSED = "mlx_fp4_fused"
+FLOOR = "floor"
 IMPLS = {
     OURS: "mlx_fp4.gather_w4a16_matmul (nvfp4)",
     FUSED: "mlx_fp4.nn.FP4SwitchGLU (nvfp4; SwiGLU in the gate's and up projection's epilogues)",
     "mlx_nvfp4": "mx.gather_qmm(mode='nvfp4')",
     "dense": "mx.gather_mm (bf16 weights; float32 on the CPU, where MLX's gather_mm is float32 only)",
+    FLOOR: "floor: the experts as one trivial kernel after the routing (no weights read)",
 }
+OPT_IN = (FUSED, FLOOR)  # not in the default --impls
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench moe", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "gpu"), default=None)
     p.add_argument("--tokens", nargs="+", type=int, help=f"default: decode {DECODE_TOKENS}, prefill {PREFILL_TOKENS}")
-    p.add_argument("--impls", nargs="+", choices=list(IMPLS), default=[k for k in IMPLS if k != FUSED])
+    p.add_argument("--impls", nargs="+", choices=list(IMPLS), default=[k for k in IMPLS if k not in OPT_IN])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--budget", type=float, default=30.0, help="seconds per (point, implementation)")
     p.add_argument("--max-products", type=int, default=8)
@@ -63,7 +66,7 @@ class Experts:
 
     def __init__(self, cfg, seed, want_dense, mode="nvfp4"):
         e, h, i = cfg["experts"], cfg["hidden"], cfg["moe_intermediate"]
-        self.mode = mode
+        self.mode, self.cfg = mode, cfg
         key = mx.random.key(seed)
         self.q, self.dense = {}, {}
         self.dense_dtype = mx.bfloat16 if mx.default_device() == mx.gpu else mx.float32
@@ -145,8 +148,23 @@ def one_matmul(mm, x, idx):
     return mm("gate", x, flat, sort)
 
 
+def floor_layer(cfg, op="mlp"):
+    """The FLOOR implementation: the routing's indices still computed and consumed (an mx.depends of
+    x on them, no kernel), then the layer's output shape from x by one trivial GatherAxis kernel and
+    a view (bench/decode_host.FloorSwitchGLU, the decode bench's expert floor). Its time bounds what
+    any expert implementation can reach through this bench's graph: gather_qmm / floor is the most
+    any one can gain over gather_qmm here."""
+    from .decode_host import FloorSwitchGLU
+
+    out_dims = cfg["hidden"] if op == "mlp" else cfg["moe_intermediate"]
+    experts = FloorSwitchGLU(cfg["hidden"], out_dims, cfg["top_k"])
+    return lambda x, idx: experts(mx.depends([x], [idx])[0], idx)
+
+
 def layer_fn(impl, experts, op="mlp"):
     """(x, indices) -> one layer call of `impl`: the MLP, or its gate projection alone."""
+    if impl == FLOOR:
+        return floor_layer(experts.cfg, op)
     if impl == FUSED:
         if op != "mlp":
             raise ValueError(f"--impls {FUSED} needs --op mlp (it fuses the whole MLP)")
@@ -218,6 +236,8 @@ def main(argv) -> int:
         point["speedup"] = {k: (r["ms"] / mine if mine and r.get("ms") else None)
                             for k, r in point["results"].items() if k != OURS}
         point["ours_active_gbps"] = point["active_weight_bytes"] / (mine * 1e-3) / 1e9 if mine else None
+        floor, qmm = (point["results"].get(k, {}).get("ms") for k in (FLOOR, "mlx_nvfp4"))
+        point["floor_x_mlx_nvfp4"] = qmm / floor if floor and qmm else None
         points.append(point)
         print(row(point, args.impls, args.host_floor), flush=True)
     doc = {"schema": 1, "command": "python -m mlx_fp4.bench moe " + " ".join(argv), "device": info,
@@ -240,6 +260,8 @@ def main(argv) -> int:
 def header(impls, floor=False):
     cols = ["tokens", "phase"] + [f"{k} ms" for k in impls] + [f"x vs {k}" for k in impls if k != OURS]
     cols.append("ours GB/s (active experts)")
+    if FLOOR in impls and "mlx_nvfp4" in impls:
+        cols.append("bound: mlx_nvfp4 / floor")
     if floor:
         cols += [f"{k} nodes, host floor ms" for k in impls]
     return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
@@ -253,6 +275,8 @@ def row(p, impls, floor=False):
     cells = [str(p["tokens"]), p["phase"]] + [f(res[k]["ms"]) if res[k]["ms"] else res[k]["status"] for k in impls]
     cells += [f(p["speedup"].get(k), ".2f") for k in impls if k != OURS]
     cells.append(f(p["ours_active_gbps"]))
+    if FLOOR in impls and "mlx_nvfp4" in impls:
+        cells.append(f(p["floor_x_mlx_nvfp4"], ".2f"))
     if floor:
         cells += [f"{res[k]['nodes']}, {f(res[k]['host_floor_ms'])}" for k in impls]
     return "| " + " | ".join(cells) + " |"
