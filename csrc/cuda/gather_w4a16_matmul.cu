@@ -1,7 +1,7 @@
 // CUDA gathered W4A16 (mixture-of-experts): out[p] = epilogue(mult[e] * x[lhs[p]] @ W[e]^T),
-// e = rhs[p]. Decode with few rows: one pair kernel alone (gather_pair_launch: the batched
-// dense staged kernel, the decode GEMV of gather_w4a16_decode.cuh, or the SIMT pair GEMV of
-// gather_w4a16_gemv.cuh). Otherwise two
+// e = rhs[p]. Decode with few rows: one pair kernel alone (gather_pair_launch: the dense staged
+// kernel over runs of one expert (sorted hint) or batched over the pairs, the decode GEMV of
+// gather_w4a16_decode.cuh, or the SIMT pair GEMV of gather_w4a16_gemv.cuh). Otherwise two
 // launches in MLX's graph: the plan (gather_w4a16_plan.cuh: pairs grouped by expert on the
 // device), then the grouped GEMV over every (active expert, weight-row tile) (float32 x, or too
 // few rows per expert) or the grouped tensor-core kernel over the plan's tiles
