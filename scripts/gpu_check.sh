@@ -223,7 +223,7 @@ step_decode() {
 }
 # The plan against forcing one path, per product through MLX: the same bench twice, once with the
 # automatic plan and once with MLX_FP4_CUDA_PATH=$PLANAB_PATH (default wgmma), on PLANAB_SHAPES
-# (default: Llama-3-8B's k/v 1024x4096, which the plan keeps off wgmma) at M = 32..512.
+# (default: Llama-3-8B's k/v 1024x4096, which the plan keeps on the staged kernel up to M = 64) at M = 32..512.
 step_planab() {
   local shapes="${PLANAB_SHAPES:-1024x4096}" rc=0
   for path in auto "${PLANAB_PATH:-wgmma}"; do

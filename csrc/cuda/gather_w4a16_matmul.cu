@@ -162,22 +162,23 @@ Launch simt_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec) {
 PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced, int shape) {
   const fp4::GatherW4A16Problem& g = a.g;
   const bool staged = half_precision_x(g.mm) && staged_loads_ok(g.mm, a.x, a.w, a.scales);
-  const Launch tc = staged ? tc_batched_launch(g.mm, dev, true, g.pairs) : Launch{};
-  const Launch tc_runs = staged ? tc_batched_launch(g.mm, dev, true, g.pairs, true) : Launch{};
+  // One of the staged kernel's two forms is planned (the plan is host time at every decode call):
+  // runs where they apply (one row of x per pair) and are forced or hinted, unless batched is forced.
+  const bool runs = g.mm.m == 1 && (forced == int(PairKernel::kRunsTc) ||
+                                    (forced != int(PairKernel::kBatchedTc) && g.sorted_rhs));
+  const Launch tc = staged ? tc_batched_launch(g.mm, dev, true, g.pairs, runs) : Launch{};
+  const PairKernel tc_kind = runs ? PairKernel::kRunsTc : PairKernel::kBatchedTc;
   auto can_run = [&](PairKernel k) {
-    return k == PairKernel::kSimt || (k == PairKernel::kDecode   ? gather_decode_ok(a, vec, shape)
-                                      : k == PairKernel::kRunsTc ? tc_runs.func != nullptr
-                                                                 : tc.func != nullptr);
+    return k == PairKernel::kSimt ||
+           (k == PairKernel::kDecode ? gather_decode_ok(a, vec, shape) : k == tc_kind && tc.func != nullptr);
   };
   const PairKernel k = forced >= 0 && can_run(static_cast<PairKernel>(forced)) ? static_cast<PairKernel>(forced)
-                       : g.sorted_rhs && can_run(PairKernel::kRunsTc)          ? PairKernel::kRunsTc
-                       : can_run(PairKernel::kBatchedTc)                       ? PairKernel::kBatchedTc
+                       : can_run(tc_kind)                                      ? tc_kind
                        : can_run(PairKernel::kDecode)                          ? PairKernel::kDecode
                                                                                : PairKernel::kSimt;
-  const Launch l = k == PairKernel::kRunsTc      ? tc_runs
-                   : k == PairKernel::kBatchedTc ? tc
-                   : k == PairKernel::kDecode    ? decode_launch(g, decode_shape(g, shape))
-                                                 : simt_pairs_launch(g, vec);
+  const Launch l = k == tc_kind              ? tc
+                   : k == PairKernel::kDecode ? decode_launch(g, decode_shape(g, shape))
+                                              : simt_pairs_launch(g, vec);
   return PairLaunch{k, l};
 }
 

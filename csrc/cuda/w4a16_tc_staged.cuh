@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   constexpr bool kMappedX = kGrouped || kRuns;  // x rows through x_rows
   extern __shared__ __align__(16) uint8_t ring[];
   W4A16Args view;  // this block's product when batched or grouped (unused otherwise)
-  bool live = true, dead = kProducts == kStagedBatched;
+  bool live = true, dead = kProducts == kStagedBatched;  // dead: not live and owning NaN rows (batched: always)
   if constexpr (kProducts == kStagedBatched) view = batch_view(args, live);
   if constexpr (kGrouped) view = group_view(args, live);
   if constexpr (kRuns) view = runs_view<kMmaCols * MT>(args, live, dead);
