@@ -274,3 +274,17 @@ def test_gather_decode_rules(driver):
     none beat it at K = 2048)."""
     assert driver("gather_decode 2048") == [("0", "2048", "16", "128")]
     assert driver("gather_decode 768") == [("0", "2048", "16", "128")]
+
+
+def test_batched_pair_tiles_split_over_the_whole_grid(driver):
+    """The gathered op's batched pair kernel (decode, one product per pair on grid z) takes one
+    product's tile but splits K over warps from the grid of all products (batched_tc_config): one
+    product alone (Qwen3-30B-A3B's gate, 768 x 2048) keeps 4 warps per block, 16 tokens of top-8
+    (128 products) one warp of the whole K. MLX_FP4_CUDA_GATHER_TC overrides it ("product": one
+    product's split; "1,rt,kw": a tile; anything else: the rule)."""
+    assert driver("batched 768 2048 1 1") == [("1", "1", "4")]
+    assert driver("batched 768 2048 1 128") == [("1", "1", "1")]
+    assert driver("batched 768 2048 1 128 product") == [("1", "1", "4")]
+    assert driver("batched 768 2048 1 128 1,2,8") == [("1", "2", "8")]
+    assert driver("batched 768 2048 1 128 4,2,1") == [("1", "1", "1")]  # not one x tile: the rule
+    assert driver("batched 2048 768 1 8") == [("1", "1", "1")]  # K = 768: 6 steps, one warp already

@@ -7,7 +7,8 @@
 //   bench: Qwen3-30B-A3B expert shapes (128 experts, top-8; 768 x 2048 and 2048 x 768), kernel
 //          time of each kernel choice (with the plan where it has one) in a CUDA graph with fresh routing per call, next to the read rate
 //          of a load-only kernel over the same active experts' bytes.
-// Usage: gather_kernel_harness [check] [bench] [profile]. Exit code 1 on a failed check.
+// Usage: gather_kernel_harness [check] [bench [sweep]] [profile]; sweep adds every tile of the batched
+// pair kernel at the points where the rule takes it. Exit code 1 on a failed check.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +48,10 @@ T* to_device(const std::vector<T>& h) {
 }
 
 DeviceInfo g_dev;
+bool g_sweep = false;  // bench: also every tile of the batched pair kernel ("sweep")
+// The batched pair kernel's tiles as MLX_FP4_CUDA_GATHER_TC names them: one product's split, then "mt,rt,kw".
+constexpr const char* kPairTiles[] = {"product", "1,1,1", "1,1,2", "1,1,4", "1,1,8",
+                                      "1,2,1",   "1,2,2", "1,2,4", "1,2,8"};
 
 // The harness's kernel choices: the glue's (gather_kernel_for), with the pair GEMV as the decode
 // GEMV, the SIMT kernel, the batched dense tensor-core kernel and the three grouped tensor-core
@@ -127,6 +132,7 @@ struct Problem {
 
   Kind kernel = Kind::kGemv;
   int decode_shape = -1;  // the decode GEMV's kDecodeShapes index (-1: kDecodePlannedShape)
+  const char* pair_tc = nullptr;  // the batched pair kernel's tile (MLX_FP4_CUDA_GATHER_TC's values)
 
   // Uploads the inputs and the workspace; `k` picks the kernel.
   void upload(Kind k) {
@@ -163,7 +169,7 @@ struct Problem {
                                 : kernel == Kind::kPairs   ? PairKernel::kSimt
                                 : kernel == Kind::kPairsTc ? PairKernel::kBatchedTc
                                                            : PairKernel::kRunsTc;
-      const PairLaunch l = gather_pair_launch(a, vec, g_dev, int(forced), decode_shape);
+      const PairLaunch l = gather_pair_launch(a, vec, g_dev, int(forced), decode_shape, pair_tc);
       if (l.kernel == PairKernel::kBatchedTc || l.kernel == PairKernel::kRunsTc) {
         W4A16Args b = batched_args(a);
         run(l.launch, b, st);
@@ -341,6 +347,16 @@ void run_checks() {
       check("grouped unsorted, K = 768", p, tc);
     }
   }
+  // Every tile of the batched pair kernel, both forms: K = 2048 (16 steps over 1-8 warps), N = 40
+  // (a partial row tile), sorted pairs with an out-of-range expert and x matrix.
+  for (Kind kind : {Kind::kPairsTc, Kind::kPairsRuns})
+    for (const char* tile : kPairTiles) {
+      std::vector<uint32_t> l = random_experts(20, 20, false, rng), r = random_experts(20, 4, true, rng);
+      r[7] = 4, l[12] = 20;
+      Problem p(4, 40, 2048, 1, 20, l, r, true, rng);
+      p.pair_tc = tile;
+      check(std::string("pair tile ") + tile + ", K = 2048", p, kind);
+    }
   // Every decode GEMV shape forced: a partial last step (K = 2080: 65 chunks) with rows past N and
   // an out-of-range pair; K = 3072 (several steps) with N = 50; K = 768 (the down projection).
   for (int shape = 0; shape < fp4::cuda_gather_tiling::kNumDecodeShapes; ++shape) {
@@ -475,6 +491,21 @@ void run_bench() {
                     100 * (active / us / 1e3) / read_gbps);
       }
       p.decode_shape = -1;
+      // The batched pair kernel's tiles (rt, kw) and one product's split, where the rule takes it.
+      const bool pair_tc = planned == Kind::kPairsTc || planned == Kind::kPairsRuns;
+      for (const char* tile : kPairTiles) {
+        if (!g_sweep || !pair_tc) break;
+        p.use(planned);
+        p.pair_tc = tile;
+        const double us = graph_us([&](int i) {
+          p.a.rhs = d_routes[i % kRoutings];
+          p.launch(st);
+        }, 2 * kRoutings, st);
+        std::printf("bench,%lld,%lld,%lld,%s %s,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,
+                    (long long)tokens, kernel_name(planned), tile, us, active / 1e6, active / us / 1e3, read_gbps,
+                    100 * (active / us / 1e3) / read_gbps);
+      }
+      p.pair_tc = nullptr;
       for (int kk = 0; kk < kNumKernels; ++kk) {
         const double gbps = active / us_of[kk] / 1e3;
         std::printf("bench,%lld,%lld,%lld,%s%s,%.2f,%.2f,%.0f,%.0f,%.0f%%\n", (long long)n, (long long)k,
@@ -520,6 +551,7 @@ int main(int argc, char** argv) {
     do_check |= std::strcmp(argv[i], "check") == 0;
     do_bench |= std::strcmp(argv[i], "bench") == 0;
     do_profile |= std::strcmp(argv[i], "profile") == 0;
+    g_sweep |= std::strcmp(argv[i], "sweep") == 0;
   }
   int dev = 0;
   CK(cudaGetDevice(&dev));

@@ -67,7 +67,8 @@ struct PairLaunch {
   PairKernel kernel;
   Launch launch;
 };
-PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1, int shape = -1);
+PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced = -1, int shape = -1,
+                              const char* tc_override = nullptr);
 // Whether the decode GEMV (gather_w4a16_decode.cuh) takes `a` in `shape` (-1 as above): one row
 // of x per pair, bf16/fp16 x, K a multiple of 32 and at least decode_min_k, 16-byte loads, the
 // scales 2-byte aligned (NVFP4 reads a chunk's two scale bytes at once).

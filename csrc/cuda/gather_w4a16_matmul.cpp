@@ -47,6 +47,13 @@ int pairs_forced() {
   return forced;
 }
 
+// MLX_FP4_CUDA_GATHER_TC="1,rt,kw" forces the batched pair kernel's tile, "product" keeps one
+// product's warps (A/B timing; cuda::batched_tc_config); null when unset (the rule).
+const char* pairs_tc_override() {
+  static const char* env = std::getenv("MLX_FP4_CUDA_GATHER_TC");
+  return env;
+}
+
 // MLX_FP4_CUDA_DECODE_SHAPE=i runs the decode GEMV in kDecodeShapes[i] (A/B timing through MLX,
 // tests); -1 (unset) leaves it to kDecodePlannedShape.
 int decode_shape_forced() {
@@ -106,7 +113,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
     const cuda::PairLaunch run = cuda::gather_pair_launch(a, vec, cuda::device_info(device), pairs_forced(),
-                                                          decode_shape_forced());
+                                                          decode_shape_forced(), pairs_tc_override());
     if (run.kernel == cuda::PairKernel::kBatchedTc || run.kernel == cuda::PairKernel::kRunsTc) {
       cuda::W4A16Args b = cuda::batched_args(a);  // non-const: MLX takes the kernel arguments by pointer
       enc.add_kernel_node_ex(run.launch.func, run.launch.grid, run.launch.block, {}, run.launch.smem, b);

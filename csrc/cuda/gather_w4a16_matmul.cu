@@ -159,14 +159,15 @@ Launch simt_pairs_launch(const fp4::GatherW4A16Problem& g, bool vec) {
 
 }  // namespace
 
-PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced, int shape) {
+PairLaunch gather_pair_launch(const GatherArgs& a, bool vec, const DeviceInfo& dev, int forced, int shape,
+                              const char* tc_override) {
   const fp4::GatherW4A16Problem& g = a.g;
   const bool staged = half_precision_x(g.mm) && staged_loads_ok(g.mm, a.x, a.w, a.scales);
   // One of the staged kernel's two forms is planned (the plan is host time at every decode call):
   // runs where they apply (one row of x per pair) and are forced or hinted, unless batched is forced.
   const bool runs = g.mm.m == 1 && (forced == int(PairKernel::kRunsTc) ||
                                     (forced != int(PairKernel::kBatchedTc) && g.sorted_rhs));
-  const Launch tc = staged ? tc_batched_launch(g.mm, dev, true, g.pairs, runs) : Launch{};
+  const Launch tc = staged ? tc_batched_launch(g.mm, dev, true, g.pairs, runs, tc_override) : Launch{};
   const PairKernel tc_kind = runs ? PairKernel::kRunsTc : PairKernel::kBatchedTc;
   auto can_run = [&](PairKernel k) {
     return k == PairKernel::kSimt ||

@@ -84,11 +84,12 @@ struct Launch {
 DeviceInfo device_info(int device);
 
 // The staged tensor-core kernel over grid z = `products` (W4A16Args::batch_*), with the tile the
-// plan picks for one product of `p`; func null when the plan would not take the staged kernel
-// with one x tile for it (the caller then takes another kernel). `vec`: staged_loads_ok. `runs`:
+// plan picks for one product of `p` and warps split over the whole grid (batched_tc_config;
+// `tc_override` as there); func null when the plan would not take the staged kernel with one x
+// tile for it (the caller then takes another kernel). `vec`: staged_loads_ok. `runs`:
 // consecutive pairs of one expert as one product (runs_view; p.m == 1 only, else func null).
 Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products,
-                         bool runs = false);
+                         bool runs = false, const char* tc_override = nullptr);
 // The grouped staged tensor-core kernel over grid x = `max_tiles` tiles (W4A16Args::group_*) of
 // kMaxStagedColTiles x 8 rows; `p` as for one expert (m = rows per pair), staged_loads_ok.
 Launch tc_grouped_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, int64_t max_tiles);

@@ -191,12 +191,14 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   return l;
 }
 
-Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products, bool runs) {
+Launch tc_batched_launch(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, int64_t products, bool runs,
+                         const char* tc_override) {
   const Plan plan = plan_w4a16(p, dev, vec, vec, nullptr, nullptr);
   if (plan.path != Path::kTensorCore || !plan.staged || plan.tc.mt != 1 || products > 65535) return Launch{};
   if (runs && p.m != 1) return Launch{};
-  Launch l = tc_launch_shape(p, plan.tc, true, true);
-  l.func = batched_staged_func_of(p.x_dtype, p.mode, plan.tc.rt, staged_sub_steps(p.k), runs);
+  const TcConfig cfg = batched_tc_config(p, dev, plan.tc, products, tc_override);
+  Launch l = tc_launch_shape(p, cfg, true, true);
+  l.func = batched_staged_func_of(p.x_dtype, p.mode, cfg.rt, staged_sub_steps(p.k), runs);
   l.grid.z = static_cast<unsigned>(products);
   return l;
 }

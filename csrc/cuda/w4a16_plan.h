@@ -222,6 +222,25 @@ inline TcConfig grouped_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& 
   return c;
 }
 
+// The batched staged kernel (the gathered op's decode, tc_batched_launch; one x tile): the tile
+// of one product (plan_w4a16's), with warps per block split from the whole grid of `products`
+// such tiles, not one: one product's split fills the GPU alone, so at 16 tokens (128 pairs) each
+// warp would keep a quarter of K and its block's fixed costs. `tc_override`
+// (MLX_FP4_CUDA_GATHER_TC, A/B timing): "1,rt,kw" forces a tile, "product" keeps one product's.
+inline TcConfig batched_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& dev, const TcConfig& product_tc,
+                                  int64_t products, const char* tc_override = nullptr) {
+  using namespace fp4::cuda_tiling;
+  TcConfig c = product_tc;
+  if (tc_override && !std::strcmp(tc_override, "product")) return c;
+  if (plan_detail::parse_tc(tc_override, c) && c.mt == 1) return c;
+  c = product_tc;
+  const int warps_per_sm = p.m == 1 ? kStagedOneRowWarpsPerSm : kStagedWarpsPerSm;
+  const int64_t blocks = products * ceil_div(p.n, kMmaRows * c.rt);
+  c.kw = plan_detail::split_k_warps(blocks, ceil_div(p.k, kStepK), int64_t(dev.sm_count) * warps_per_sm,
+                                    plan_detail::kStagedMinSteps);
+  return c;
+}
+
 // Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
 // `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant | wgmma,
 // MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic. `wgmma`: wgmma_loads_ok (the device's

@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
   }
 
   __shared__ uint32_t s_scale[kScaleTableSize];
-  fill_scale_table<T, Mode>(s_scale);
 
   auto issue = [&](int slot) {
 #pragma unroll
@@ -176,6 +175,9 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel
     if (i < stages) issue(i);
     cp_async_commit();
   }
+  // The scale table while the first stages are in flight: a decode block lives for about one
+  // DRAM latency, which filling the table first would add to.
+  fill_scale_table<T, Mode>(s_scale);
   // x one step ahead in registers while that fits (MT <= 2); wider x tiles load at the step.
   constexpr bool kPrefetchX = MT <= 2;
   uint4 X[MT][4];

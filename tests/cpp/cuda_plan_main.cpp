@@ -9,6 +9,8 @@
 //   loads_mxfp4 ...: the same for MXFP4 scales (E8M0 per 32)
 //   gather_wgmma rows experts
 //     -> "ok max_tiles"                  (gather_wgmma_rows_ok, tiles of kWgmmaGroupTileRows)
+//   batched N K M products [tc_override|-]
+//     -> "mt rt kw"                      (batched_tc_config: the gathered op's batched pair kernel)
 //   gather_decode k
 //     -> "shape min_k rows_per_block pairs_max_rows" (kDecodePlannedShape, its decode_min_k and
 //        decode_rows_per_block, kPairsMaxRows)
@@ -72,6 +74,14 @@ int main() {
       in >> rows >> experts;
       std::cout << int(gt::gather_wgmma_rows_ok(rows, experts)) << ' '
                 << gt::max_tc_tiles(experts, rows, gt::kWgmmaGroupTileRows) << '\n';
+    } else if (what == "batched") {
+      int64_t products = 0;
+      std::string tc_o = "-";
+      in >> p.n >> p.k >> p.m >> products >> tc_o;
+      p.x_dtype = fp4::kDtypeBF16;
+      const Plan one = plan_w4a16(p, h200, true, true, nullptr, nullptr);
+      const TcConfig c = batched_tc_config(p, h200, one.tc, products, tc_o == "-" ? nullptr : tc_o.c_str());
+      std::cout << c.mt << ' ' << c.rt << ' ' << c.kw << '\n';
     } else if (what == "gather_decode") {
       namespace gt = fp4::cuda_gather_tiling;
       int64_t k = 0;
