@@ -1,6 +1,7 @@
 """Memory: 10,000 w4a16_matmul calls, each building a fresh graph (new activations, epilogue
 operands, global scale arrays; plain, mx.compile'd and differentiated calls) and evaluating it,
-keep the process RSS and MLX's active memory flat. Small shapes; bounded to < 30 s.
+keep the process RSS and MLX's active memory flat. Small shapes: about 1 s natively, 15 s to 2
+minutes under arm64 emulation (tools/test_arm64.sh); no timing is asserted (CI machines differ).
 
 RSS is read from /proc/self/statm (resident pages; Linux) or, elsewhere, from
 resource.getrusage's peak RSS (which can only reveal growth of the peak).
@@ -18,7 +19,6 @@ import mlx_fp4 as mx_fp4
 from common import rand_weights, rand_x, rng
 
 CALLS = 10_000
-TIME_LIMIT_S = 30.0
 # Allowed RSS growth between the end of warm-up and the end (allocator noise, MLX's buffer cache
 # settling); a leak of one 1 KiB buffer per call would be ~10 MiB, one graph node per call more.
 RSS_SLACK_MIB = 6.0
@@ -83,7 +83,6 @@ def test_rss_flat_over_10000_calls(device):
         mx.eval(call(i))
         if i % 1000 == 999:
             samples.append(rss_mib())
-        assert time.perf_counter() - t0 < TIME_LIMIT_S, f"over {TIME_LIMIT_S} s after {i} calls"
     growth = rss_mib() - rss_warm
     active_growth = mx.get_active_memory() - active_warm
     trace = ", ".join(f"{s:.1f}" for s in samples)
