@@ -312,3 +312,49 @@ def test_fused_qkv_parts_are_right_for_any_input():
     block.same, block.differ = Attn([2.0, 2.0, 2.0]), Attn([2.0, 3.0, 2.0])
     assert fuse_qkv(block) == {"fused": 1, "left_unfused": ["differ"]}
     assert type(block.differ.k_proj) is FP4Linear
+
+
+def test_interleaved_variants_share_a_process_and_pair_their_rounds(tmp_path):
+    """--interleave: every variant of a point in one worker process, each round timing each variant
+    once (round r starting at variant r mod n), the same greedy tokens and bytes as separate
+    processes would give, and the paired ratio = per-round ratios to MLX nvfp4 from the raw runs."""
+    variants = ["mlx_nvfp4", "fp4", decode.EXPERT_FLOOR]
+    repeats = 3
+    rc = decode.main(["--preset", "tiny-moe", "--layers", "2", "--variants", *variants, "--prompt", "6",
+                      "--tokens", "6", "--repeats", str(repeats), "--device", "cpu", "--interleave",
+                      "--out", str(tmp_path), "--no-plot"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "decode_tiny-moe_cpu.json").read_text())
+    md = (tmp_path / "decode_tiny-moe_cpu.md").read_text()
+    assert doc["config"]["interleave"] is True
+    assert len({r["pid"] for r in doc["raw"]}) == 1 and all(r["interleaved"] for r in doc["raw"])
+    by = {r["variant"]: r for r in doc["raw"]}
+    assert sorted(by) == sorted(variants)
+    starts = {v: [run["started_unix_s"] for run in r["runs"]] for v, r in by.items()}
+    for v, r in by.items():
+        assert [run["round"] for run in r["runs"]] == list(range(repeats)), v
+    for rnd in range(repeats):  # each round's first run is variant rnd mod n: rotation, no fixed order
+        first = min(variants, key=lambda v: starts[v][rnd])
+        assert first == variants[rnd % len(variants)], rnd
+        if rnd:  # rounds do not overlap
+            assert min(starts[v][rnd] for v in variants) > max(starts[v][rnd - 1] for v in variants)
+    (point,) = doc["points"]
+    # The same greedy tokens as MLX nvfp4, up to a tie in MLX's bf16 log-probabilities (this seed has
+    # one at step 4, in separate processes too): there ours is its second choice.
+    diff = point["variants"]["fp4"]["vs_mlx_nvfp4"]
+    assert diff["step"] is None or (diff["ours_is_reference_second_choice"] and diff["reference_top2_gap"] == 0)
+    ref = {run["round"]: run["decode_tok_s"] for run in by["mlx_nvfp4"]["runs"]}
+    for v in ("fp4", decode.EXPERT_FLOOR):
+        want = sorted(run["decode_tok_s"] / ref[run["round"]] for run in by[v]["runs"])
+        got = point["variants"][v]["paired_vs_mlx_nvfp4"]
+        assert got["n"] == repeats and got["min"] == pytest.approx(want[0]) and got["max"] == pytest.approx(want[-1])
+        assert got["median"] == pytest.approx(want[repeats // 2])
+        assert f"paired {got['median']:.2f}x" in md, v
+    assert "paired_vs_mlx_nvfp4" not in point["variants"]["mlx_nvfp4"]
+    assert decode.SPREAD_NOTE not in md  # the note is for one process per variant
+
+
+def test_separate_processes_have_no_paired_ratio(tiny_doc):
+    (point,) = tiny_doc["points"]
+    assert all("paired_vs_mlx_nvfp4" not in v for v in point["variants"].values())
+    assert all(not r.get("interleaved") for r in tiny_doc["raw"])

@@ -10,7 +10,9 @@ Variants on the same bytes: dense bf16 (``nn.Linear``), MLX's nvfp4 ``nn.Quantiz
 through mlx-lm + MLX. Each (variant, layers) runs in
 its own process (one model in memory, no order effects inside a process), ``--processes`` times in
 rotating order; each process greedy-decodes ``--repeats`` times with ``mlx_lm.generate.generate_step``
-after one untimed warm-up. Reported per point: median and spread (min, max) over all repeats of
+after one untimed warm-up. With ``--interleave`` every variant of a point shares one process and the
+variants' timed generations alternate (bench/decode_interleave.py), so host drift falls on all alike
+and each round gives a paired ratio. Reported per point: median and spread (min, max) over all repeats of
 prefill tok/s (prompt tokens / time to the first token) and decode tok/s (tokens after the first /
 their time), the weight bytes one decode step reads and their fraction of the copy bandwidth, and a
 host-side profile of single decode steps (graph building, encoding, waiting for the GPU), the step's
@@ -30,6 +32,7 @@ from mlx.utils import tree_flatten
 
 from ..formats import MODE_DEFAULTS
 from .decode_host import host_costs, host_profile, host_table, install_expert_floor, install_floor, node_cost, step_graph
+from .decode_presets import MOE_MODULES, PRESETS
 from .plot import pyplot
 
 FLOORS = ("floor", "floor_view")  # dense presets
@@ -49,52 +52,6 @@ LABELS = {
 # Identical models in two processes decoded 1.24-1.41x apart on the H200 (docs/moe.md, stop 27).
 SPREAD_NOTE = ("\none process per variant: a ratio between two variants carries the spread between processes "
                "(identical models have come out up to 1.4x apart); use --processes 3 or more for ratios\n")
-MOE_MODULES = ("qwen3_moe", "gpt_oss")  # presets with expert layers: no floor variant (experts stay)
-# Layer shapes of the public configs; weights are random (no download).
-PRESETS = {
-    "llama3-8b": dict(
-        module="llama", model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0,
-        tie_word_embeddings=False, max_position_embeddings=8192,
-    ),
-    "qwen3-8b": dict(
-        module="qwen3", model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=False, max_position_embeddings=32768,
-    ),
-    # Mixture of experts (128 experts, top-8): the switch layers run mlx_fp4.gather_w4a16_matmul.
-    "qwen3-30b-a3b": dict(
-        module="qwen3_moe", model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
-        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1,
-        mlp_only_layers=[], norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-        vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
-        max_position_embeddings=40960,
-    ),
-    "tiny-moe": dict(
-        module="qwen3_moe", model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512,
-    ),
-    # gpt-oss-20b (MXFP4 as published: 32 experts, top-4; the quantized variants use mode="mxfp4":
-    # the mlx_nvfp4 variant is then MLX's mxfp4 layers). Even layer counts (sliding / full pairs).
-    "gpt-oss-20b": dict(
-        module="gpt_oss", model_type="gpt_oss", mode="mxfp4", hidden_size=2880, intermediate_size=2880,
-        num_local_experts=32, num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-        vocab_size=201088, rms_norm_eps=1e-5, sliding_window=128, rope_theta=150000,
-    ),
-    "tiny-gpt-oss": dict(
-        module="gpt_oss", model_type="gpt_oss", mode="mxfp4", hidden_size=64, intermediate_size=64,
-        num_local_experts=4, num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        vocab_size=256, rms_norm_eps=1e-5, sliding_window=8, rope_theta=150000,
-    ),
-    # CI-sized Llama (runs in seconds on a CPU).
-    "tiny": dict(
-        module="llama", model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False, max_position_embeddings=512,
-    ),
-}
 PROFILE_STEPS = 16  # single decode steps timed piece by piece (host profile)
 
 
@@ -108,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per repeat")
     p.add_argument("--repeats", type=int, default=3, help="timed generations per process (after one warm-up)")
     p.add_argument("--processes", type=int, default=1, help="processes per (variant, layers), in rotating order")
+    p.add_argument("--interleave", action="store_true",
+                   help="all variants of a point in one process, their timed generations in turn "
+                        "(bench/decode_interleave.py); ratios are then also paired per round")
     p.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: gpu when MLX has one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-out")
@@ -247,11 +207,8 @@ def top2_trace(model, prompt, tokens: int):
     return trace
 
 
-def run_worker(args) -> dict:
-    variant, layers = args.worker.split(",")
-    layers = int(layers)
-    on_gpu = _device(args) == "gpu"
-    mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
+def prepare_variant(args, variant: str, layers: int) -> dict:
+    """Build one variant's model and prompt and run its untimed warm-up generation (the top-2 trace)."""
     t0 = time.perf_counter()
     model, notes = build_model(args.preset, layers, variant, args.seed)
     setup_s = time.perf_counter() - t0
@@ -259,50 +216,76 @@ def run_worker(args) -> dict:
     prompt = mx.random.randint(0, vocab, (args.prompt,), key=mx.random.key(args.seed + 1))
     t0 = time.perf_counter()
     trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
-    warmup_s = time.perf_counter() - t0
+    return {"variant": variant, "layers": layers, "model": model, "prompt": prompt, "notes": notes,
+            "setup_s": setup_s, "warmup_s": time.perf_counter() - t0, "top2": trace, "runs": []}
+
+
+def timed_run(state: dict, tokens: int, round_index: int) -> None:
+    """One timed generation (and the prefill forward alone) of a prepared variant, appended to its runs."""
+    model, prompt = state["model"], state["prompt"]
+    started = time.time()  # wall clock: lines a run up with GPU samples taken outside the process
+    toks, prefill, decode = time_generation(model, prompt, tokens)
+    seconds = time.time() - started
+    fwd = prefill_forward_seconds(model, prompt)
+    forward = (prompt.size - 1) / sum(fwd) if fwd else float("nan")
+    state["tokens"] = toks
+    state["runs"].append({"prefill_tok_s": prefill, "decode_tok_s": decode, "started_unix_s": started,
+                          "seconds": seconds, "prefill_forward_tok_s": forward, "round": round_index})
+
+
+def process_states(on_gpu: bool) -> dict:
+    """The GPU's and the host's state now (report.gpu_state, cpu_facts.host_state)."""
     from . import cpu_facts, report
 
-    gpu_before = report.gpu_state() if on_gpu else None
-    host_before = cpu_facts.host_state()
-    runs = []
-    for _ in range(args.repeats):
-        started = time.time()  # wall clock: lines a run up with GPU samples taken outside the process
-        toks, prefill, decode = time_generation(model, prompt, args.tokens)
-        seconds = time.time() - started
-        fwd = prefill_forward_seconds(model, prompt)
-        forward = (prompt.size - 1) / sum(fwd) if fwd else float("nan")
-        runs.append({"prefill_tok_s": prefill, "decode_tok_s": decode, "started_unix_s": started,
-                     "seconds": seconds, "prefill_forward_tok_s": forward})
-    gpu_after = report.gpu_state() if on_gpu else None
-    host_after = cpu_facts.host_state()
+    return {"gpu": report.gpu_state() if on_gpu else None, "host": cpu_facts.host_state()}
+
+
+def finish_variant(args, state: dict, before: dict, after: dict) -> dict:
+    """A variant's result: its runs, the host profile of single steps, its graph and MLX's node cost."""
+    model, prompt = state["model"], state["prompt"]
     prof = host_profile(model, prompt, min(PROFILE_STEPS, args.tokens))
     graph = step_graph(model, prompt)
     cost = node_cost()
-    return {"variant": variant, "layers": layers, "pid": os.getpid(), "notes": notes, "setup_s": setup_s,
-            "warmup_s": warmup_s, "weight_bytes_per_step": step_weight_bytes(model), "tokens": toks, "top2": trace,
-            "runs": runs, "host_profile": prof,
+    return {"variant": state["variant"], "layers": state["layers"], "pid": os.getpid(), "notes": state["notes"],
+            "setup_s": state["setup_s"], "warmup_s": state["warmup_s"],
+            "weight_bytes_per_step": step_weight_bytes(model), "tokens": state["tokens"], "top2": state["top2"],
+            "runs": state["runs"], "host_profile": prof,
             "graph": graph, "node_cost": cost, "host_per_node": host_costs(prof, graph, cost),
             "peak_memory_bytes": mx.get_peak_memory(),
-            "gpu_state": {"before_runs": gpu_before, "after_runs": gpu_after},
-            "host_state": {"before_runs": host_before, "after_runs": host_after},
+            "gpu_state": {"before_runs": before["gpu"], "after_runs": after["gpu"]},
+            "host_state": {"before_runs": before["host"], "after_runs": after["host"]},
             "env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}}
+
+
+def run_worker(args) -> dict:
+    variant, layers = args.worker.split(",")
+    on_gpu = _device(args) == "gpu"
+    mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
+    state = prepare_variant(args, variant, int(layers))
+    before = process_states(on_gpu)
+    for r in range(args.repeats):
+        timed_run(state, args.tokens, r)
+    return finish_variant(args, state, before, process_states(on_gpu))
 
 
 # ---- parent: processes, statistics, report --------------------------------------------------------
 
 
-def _spawn(args, variant: str, layers: int) -> dict:
-    cmd = [sys.executable, "-m", "mlx_fp4.bench", "decode", "--worker", f"{variant},{layers}",
-           "--preset", args.preset, "--prompt", str(args.prompt), "--tokens", str(args.tokens),
-           "--repeats", str(args.repeats), "--seed", str(args.seed)]
+def _spawn(args, variants, layers: int) -> list:
+    """Results of one worker process: one variant (decode's worker) or, with --interleave, all of
+    ``variants`` in turn (decode_interleave's worker); an error entry per variant if it failed."""
+    module = "mlx_fp4.bench.decode_interleave" if args.interleave else "mlx_fp4.bench"
+    cmd = [sys.executable, "-m", module] + ([] if args.interleave else ["decode"])
+    cmd += ["--worker", f"{'+'.join(variants)},{layers}", "--preset", args.preset, "--prompt", str(args.prompt),
+            "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--seed", str(args.seed)]
     if args.device:
         cmd += ["--device", args.device]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    if proc.returncode != 0 or len(lines) < len(variants):
         tail = (proc.stderr or proc.stdout)[-2000:]
-        return {"variant": variant, "layers": layers, "error": f"exit {proc.returncode}: {tail}"}
-    return json.loads(lines[-1])
+        return [{"variant": v, "layers": layers, "error": f"exit {proc.returncode}: {tail}"} for v in variants]
+    return [json.loads(ln) for ln in lines[-len(variants):]]
 
 
 def _stats(values):
@@ -322,6 +305,19 @@ def first_difference(tokens, ref_trace) -> dict:
     return {"step": step, "ours": tokens[step], "reference": r["token"],
             "ours_is_reference_second_choice": tokens[step] == r["top2"][1], "reference_top2_gap": r["gap"],
             "reference_median_top2_gap": statistics.median(t["gap"] for t in ref_trace)}
+
+
+def paired_ratios(results, variant: str, ref: str, layers: int):
+    """decode tok/s of ``variant`` over ``ref`` per round of each interleaved process (the runs timed
+    back to back in one process); None when the two did not run interleaved."""
+    ratios = []
+    for pid in {r["pid"] for r in results if r.get("interleaved") and r["layers"] == layers}:
+        by = {r["variant"]: r for r in results if r.get("pid") == pid and r["layers"] == layers and "error" not in r}
+        if variant in by and ref in by:
+            ref_runs = {run["round"]: run["decode_tok_s"] for run in by[ref]["runs"]}
+            ratios += [run["decode_tok_s"] / ref_runs[run["round"]] for run in by[variant]["runs"]
+                       if ref_runs.get(run["round"])]
+    return _stats(ratios)
 
 
 def summarize(results, variants, bandwidth_gbps):
@@ -354,6 +350,8 @@ def summarize(results, variants, bandwidth_gbps):
                 "tokens": rs[0]["tokens"],
                 "same_tokens_in_all_processes": all(r["tokens"] == rs[0]["tokens"] for r in rs),
             }
+            if v != "mlx_nvfp4" and paired_ratios(results, v, "mlx_nvfp4", layers):
+                entry["paired_vs_mlx_nvfp4"] = paired_ratios(results, v, "mlx_nvfp4", layers)
             if bandwidth_gbps and entry["weight_gbps"]:
                 entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
             row["variants"][v] = entry
@@ -387,6 +385,9 @@ def table(points, variants) -> str:
             c = _spread(d)
             if base and v in OURS:
                 c += f", {d['median'] / base['median']:.2f}x"
+            if e.get("paired_vs_mlx_nvfp4"):
+                pr = e["paired_vs_mlx_nvfp4"]
+                c += f", paired {pr['median']:.2f}x ({pr['min']:.2f}-{pr['max']:.2f})"
             if e.get("bandwidth_fraction"):
                 c += f", {100 * e['bandwidth_fraction']:.0f}% bw"
             cells.append(c)
@@ -517,11 +518,11 @@ def main(argv=None) -> int:
     for rnd in range(args.processes):
         for layers in args.layers:
             order = args.variants[rnd % len(args.variants):] + args.variants[:rnd % len(args.variants)]
-            for v in order:
-                r = _spawn(args, v, layers)
+            for r in [x for group in ([order] if args.interleave else [[v] for v in order])
+                      for x in _spawn(args, group, layers)]:
                 results.append(r)
                 msg = r.get("error") or "decode " + ", ".join(f"{x['decode_tok_s']:.0f}" for x in r["runs"]) + " tok/s"
-                print(f"[bench decode] {args.preset} layers={layers} {v}: {msg}", flush=True)
+                print(f"[bench decode] {args.preset} layers={layers} {r['variant']}: {msg}", flush=True)
     bw = bandwidth["gbps"] if bandwidth else None
     points = summarize(results, args.variants, bw)
     doc = {
@@ -530,12 +531,14 @@ def main(argv=None) -> int:
         "device": info,
         "config": {"preset": args.preset, "model": PRESETS[args.preset], "layers": args.layers,
                    "variants": args.variants, "prompt_tokens": args.prompt, "tokens": args.tokens,
-                   "repeats": args.repeats, "processes": args.processes, "seed": args.seed},
+                   "repeats": args.repeats, "processes": args.processes, "seed": args.seed,
+                   "interleave": args.interleave},
         "method": "mlx_lm.generate.generate_step, greedy, random weights and prompt; prefill tok/s = prompt / "
         "time to first token (mlx-lm's prompt tok/s; it holds the first decode step); prefill forward tok/s = "
         "(prompt - 1) / time of the forward alone into a fresh KV cache, cache evaluated; decode tok/s = "
         "(tokens - 1) / time from the first to the last token; one untimed warm-up generation per process; "
-        "each (variant, layers) in its own process",
+        "each (variant, layers) in its own process; with --interleave all variants of a point in one process, "
+        "timed in turn (round r starts at variant r mod n), paired = per-round ratio in one process",
         "method_host": "host_profile: single synchronous steps of generate_step's graph (model on one token with "
         "the filled KV cache, logsumexp, argmax) in mlx-lm's generation stream; build_ms = Python + MLX graph "
         "construction until the outputs exist (nothing evaluated); encode_ms = mx.async_eval of the outputs, "
@@ -558,8 +561,9 @@ def main(argv=None) -> int:
     host = host_table(points, args.variants, LABELS)
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']}, mlx {info['versions']['mlx']}\n\n"
-                f"decode tok/s: median (min-max), x MLX nvfp4, % of copy bandwidth over the weight bytes\n\n{text}\n"
-                f"{SPREAD_NOTE if args.processes < 2 else ''}"
+                f"decode tok/s: median (min-max), x MLX nvfp4 (of the medians; paired: per-round ratios, interleaved), "
+                f"% of copy bandwidth over the weight bytes\n\n{text}\n"
+                f"{SPREAD_NOTE if args.processes < 2 and not args.interleave else ''}"
                 f"\n{process_table(points, args.variants)}\n"
                 f"\n{prefill_table(points, args.variants)}\n"
                 f"\nhost profile of single synchronous decode steps (medians; nodes: mx.export_to_dot of the "
