@@ -11,6 +11,7 @@ needed (it is an optional dependency).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -209,6 +210,49 @@ class FP4SwitchLinear(nn.Module):
         if "bias" in self:
             sl.bias = self["bias"]
         return sl
+
+
+    # -- mlx-lm LoRA hook ----------------------------------------------------
+    def to_lora(self, r: int = 8, dropout: float = 0.0, scale: float = 20.0):
+        """Used by ``mlx_lm.tuner.utils.linear_to_lora_layers`` (which otherwise leaves a layer it does
+        not know alone): mlx-lm's ``LoRASwitchLinear`` over these experts, whose ``fuse()`` honours the
+        global scale and re-quantizes to FP4SwitchLinear."""
+        return _fp4_lora_switch_class().from_base(self, r=r, dropout=dropout, scale=scale)
+
+
+@functools.lru_cache(maxsize=None)
+def _fp4_lora_switch_class():
+    from mlx_lm.tuner.lora import LoRASwitchLinear
+
+    class FP4LoRASwitchLinear(LoRASwitchLinear):
+        """mlx-lm ``LoRASwitchLinear`` (per-expert ``lora_a [E, r, K]``, ``lora_b [E, N, r]``, the
+        same forward) over an :class:`FP4SwitchLinear` base."""
+
+        @staticmethod
+        def from_base(linear, r: int = 8, dropout: float = 0.0, scale: float = 20.0):
+            lora = FP4LoRASwitchLinear(linear.input_dims, linear.output_dims, linear.num_experts, r=r,
+                                       dropout=dropout, scale=scale)
+            lora.linear = linear
+            return lora
+
+        def fuse(self, dequantize: bool = False):
+            """The experts with ``scale * lora_b @ lora_a`` added in fp32 to the decoded weights (global
+            scale included; mlx-lm's own fuse would drop it), as a ``SwitchLinear`` in the LoRA dtype or,
+            re-quantized, an FP4SwitchLinear of the same mode (with per-expert global scales if the base
+            had them)."""
+            linear = self.linear
+            if not isinstance(linear, FP4SwitchLinear):
+                return super().fuse(dequantize)
+            w = linear.dequantized_weight(mx.float32)
+            delta = self.scale * (self.lora_b.astype(mx.float32) @ self.lora_a.astype(mx.float32))
+            fused = linear.to_switch_linear(self.lora_a.dtype)
+            fused.weight = (w + delta).astype(self.lora_a.dtype)
+            if dequantize:
+                return fused
+            return FP4SwitchLinear.from_switch_linear(fused, global_scale=linear.get("global_scale") is not None,
+                                                      mode=linear.mode)
+
+    return FP4LoRASwitchLinear
 
 
 def to_fp4_switch_linear(m: nn.Module, global_scale: bool, where: str, mode: str = MODE) -> nn.Module:
