@@ -135,3 +135,36 @@ def test_distributed_quantize_refuses_auto():
     """Shard-first conversion has no whole tensor to measure 'auto' on: a clear error."""
     with pytest.raises(ValueError, match="global_scale expected True or False"):
         D.quantize(_model(global_scale=False), global_scale="auto", progress=False)
+
+
+@pytest.mark.parametrize("global_scale", [False, True])
+def test_moe_dequantize_model_is_exact_or_raises(global_scale):
+    """mlx-lm's dequantize_model on an FP4 MoE model (tiny Qwen3-MoE): with global scales it raises
+    (the FP4Linear layers refuse to lose them); without, it dequantizes the linears and leaves the
+    FP4SwitchLinear experts, which it does not know, as they are: the logits do not change. Ours
+    turns both into float layers, exactly."""
+    import importlib
+
+    from mlx_lm.models.switch_layers import SwitchLinear
+    from mlx_lm.utils import dequantize_model
+
+    from test_moe_e2e import MODELS
+
+    mod = importlib.import_module("mlx_lm.models.qwen3_moe")
+    mx.random.seed(0)
+    model = mod.Model(mod.ModelArgs.from_dict(MODELS["qwen3_moe"]))
+    fnn.quantize(model, global_scale=global_scale, progress=False)
+    tokens = mx.array([[1, 7, 42, 99]])
+    want = np.array(model(tokens).astype(mx.float32))
+    if global_scale:
+        with pytest.raises(ValueError, match="global_scale.*mlx_fp4.nn.dequantize"):
+            dequantize_model(model)
+    else:
+        dequantize_model(model)
+        assert not any(isinstance(m, fnn.FP4Linear) for _, m in model.named_modules())
+        assert sum(isinstance(m, fnn.FP4SwitchLinear) for _, m in model.named_modules()) == 3 * 2
+        np.testing.assert_allclose(np.array(model(tokens).astype(mx.float32)), want, rtol=1e-4, atol=1e-5)
+    fnn.dequantize(model, dtype=mx.float32)
+    assert not any(isinstance(m, (fnn.FP4Linear, fnn.FP4SwitchLinear)) for _, m in model.named_modules())
+    assert sum(type(m) is SwitchLinear for _, m in model.named_modules()) == 3 * 2
+    np.testing.assert_allclose(np.array(model(tokens).astype(mx.float32)), want, rtol=1e-4, atol=1e-5)
