@@ -115,13 +115,10 @@ def test_fuse_keeps_the_global_scale(global_scale):
 def test_linear_to_lora_layers_adapts_fp4_experts():
     """Default keys: the FP4 model gets LoRA on the same modules as mlx-lm's own nvfp4 model."""
     import copy
-    import importlib
 
-    from test_moe_e2e import MODELS
+    from test_moe_e2e import MODELS, build
 
-    mod = importlib.import_module("mlx_lm.models.qwen3_moe")
-    mx.random.seed(0)
-    model = mod.Model(mod.ModelArgs.from_dict(MODELS["qwen3_moe"]))
+    model = build("qwen3_moe")
     theirs = copy.deepcopy(model)
     nn.quantize(theirs, group_size=16, bits=4, mode="nvfp4")
     fnn.quantize(model, progress=False)

@@ -143,16 +143,12 @@ def test_moe_dequantize_model_is_exact_or_raises(global_scale):
     (the FP4Linear layers refuse to lose them); without, it dequantizes the linears and leaves the
     FP4SwitchLinear experts, which it does not know, as they are: the logits do not change. Ours
     turns both into float layers, exactly."""
-    import importlib
-
     from mlx_lm.models.switch_layers import SwitchLinear
     from mlx_lm.utils import dequantize_model
 
-    from test_moe_e2e import MODELS
+    from test_moe_e2e import build
 
-    mod = importlib.import_module("mlx_lm.models.qwen3_moe")
-    mx.random.seed(0)
-    model = mod.Model(mod.ModelArgs.from_dict(MODELS["qwen3_moe"]))
+    model = build("qwen3_moe")
     fnn.quantize(model, global_scale=global_scale, progress=False)
     tokens = mx.array([[1, 7, 42, 99]])
     want = np.array(model(tokens).astype(mx.float32))

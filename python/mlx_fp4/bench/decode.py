@@ -53,6 +53,7 @@ LABELS = {
 SPREAD_NOTE = ("\none process per variant: a ratio between two variants carries the spread between processes "
                "(identical models have come out up to 1.4x apart); use --processes 3 or more for ratios\n")
 PROFILE_STEPS = 16  # single decode steps timed piece by piece (host profile)
+VARIANT_SEPARATOR = "+"  # an interleaved worker's --worker "v1+v2+v3,layers"
 
 
 def parse_args(argv=None):
@@ -276,8 +277,8 @@ def _spawn(args, variants, layers: int) -> list:
     ``variants`` in turn (decode_interleave's worker); an error entry per variant if it failed."""
     module = "mlx_fp4.bench.decode_interleave" if args.interleave else "mlx_fp4.bench"
     cmd = [sys.executable, "-m", module] + ([] if args.interleave else ["decode"])
-    cmd += ["--worker", f"{'+'.join(variants)},{layers}", "--preset", args.preset, "--prompt", str(args.prompt),
-            "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    cmd += ["--worker", f"{VARIANT_SEPARATOR.join(variants)},{layers}", "--preset", args.preset,
+            "--prompt", str(args.prompt), "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--seed", str(args.seed)]
     if args.device:
         cmd += ["--device", args.device]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -350,8 +351,9 @@ def summarize(results, variants, bandwidth_gbps):
                 "tokens": rs[0]["tokens"],
                 "same_tokens_in_all_processes": all(r["tokens"] == rs[0]["tokens"] for r in rs),
             }
-            if v != "mlx_nvfp4" and paired_ratios(results, v, "mlx_nvfp4", layers):
-                entry["paired_vs_mlx_nvfp4"] = paired_ratios(results, v, "mlx_nvfp4", layers)
+            paired = paired_ratios(results, v, "mlx_nvfp4", layers) if v != "mlx_nvfp4" else None
+            if paired:
+                entry["paired_vs_mlx_nvfp4"] = paired
             if bandwidth_gbps and entry["weight_gbps"]:
                 entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
             row["variants"][v] = entry
@@ -518,8 +520,8 @@ def main(argv=None) -> int:
     for rnd in range(args.processes):
         for layers in args.layers:
             order = args.variants[rnd % len(args.variants):] + args.variants[:rnd % len(args.variants)]
-            for r in [x for group in ([order] if args.interleave else [[v] for v in order])
-                      for x in _spawn(args, group, layers)]:
+            groups = [order] if args.interleave else [[v] for v in order]  # one worker process each
+            for r in (r for group in groups for r in _spawn(args, group, layers)):
                 results.append(r)
                 msg = r.get("error") or "decode " + ", ".join(f"{x['decode_tok_s']:.0f}" for x in r["runs"]) + " tok/s"
                 print(f"[bench decode] {args.preset} layers={layers} {r['variant']}: {msg}", flush=True)

@@ -13,16 +13,15 @@ import sys
 
 import mlx.core as mx
 
-from .decode import _device, finish_variant, parse_args, prepare_variant, process_states, timed_run
-
-SEPARATOR = "+"  # --worker "v1+v2+v3,layers"
+from .decode import (VARIANT_SEPARATOR, _device, finish_variant, parse_args, prepare_variant, process_states,
+                     timed_run)
 
 
 def run_interleaved(args) -> list:
     variants, layers = args.worker.split(",")
     on_gpu = _device(args) == "gpu"
     mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
-    states = [prepare_variant(args, v, int(layers)) for v in variants.split(SEPARATOR)]
+    states = [prepare_variant(args, v, int(layers)) for v in variants.split(VARIANT_SEPARATOR)]
     before = process_states(on_gpu)
     for r in range(args.repeats):
         k = r % len(states)
@@ -35,7 +34,7 @@ def run_interleaved(args) -> list:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.worker or "," not in args.worker:
-        raise SystemExit(f"[bench decode] --worker expected 'variant{SEPARATOR}variant...,layers' "
+        raise SystemExit(f"[bench decode] --worker expected 'variant{VARIANT_SEPARATOR}variant...,layers' "
                          f"but got {args.worker!r}")
     for result in run_interleaved(args):
         print(json.dumps(result), flush=True)

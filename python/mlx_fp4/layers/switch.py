@@ -211,7 +211,6 @@ class FP4SwitchLinear(nn.Module):
             sl.bias = self["bias"]
         return sl
 
-
     # -- mlx-lm LoRA hook ----------------------------------------------------
     def to_lora(self, r: int = 8, dropout: float = 0.0, scale: float = 20.0):
         """Used by ``mlx_lm.tuner.utils.linear_to_lora_layers`` (which otherwise leaves a layer it does
@@ -243,10 +242,9 @@ def _fp4_lora_switch_class():
             linear = self.linear
             if not isinstance(linear, FP4SwitchLinear):
                 return super().fuse(dequantize)
-            w = linear.dequantized_weight(mx.float32)
+            fused = linear.to_switch_linear(mx.float32)  # the decoded experts (and the bias)
             delta = self.scale * (self.lora_b.astype(mx.float32) @ self.lora_a.astype(mx.float32))
-            fused = linear.to_switch_linear(self.lora_a.dtype)
-            fused.weight = (w + delta).astype(self.lora_a.dtype)
+            fused.weight = (fused.weight + delta).astype(self.lora_a.dtype)
             if dequantize:
                 return fused
             return FP4SwitchLinear.from_switch_linear(fused, global_scale=linear.get("global_scale") is not None,
