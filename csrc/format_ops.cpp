@@ -221,8 +221,8 @@ void check_packed(const mx::array& packed, const char* op, const char* arg) {
   }
 }
 
-mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevice s) {
-  if (gs.size() != 1) {
+const mx::array& checked_global_scale(const mx::array& gs, const char* op) {
+  if (gs.size() != 1 || gs.ndim() > 1) {
     throw_invalid("[", op, "] global_scale must be a scalar (shape () or (1,)) but got shape ",
                   shape_str(gs.shape()), ".");
   }
@@ -230,12 +230,12 @@ mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevi
     throw_invalid("[", op, "] global_scale must be a Python float or a float32 array but got dtype ",
                   dtype_str(gs.dtype()), ".");
   }
-  return mx::reshape(mx::astype(gs, mx::float32, s), {}, s);
+  return gs;
 }
 
 mx::array global_scale_multiplier(const mx::array& gs, const char* op, mx::StreamOrDevice s) {
   // One fp32 division, as mx.dequantize(..., mode="nvfp4", global_scale=gs) computes it.
-  return mx::divide(global_scale_f32(gs, op, s), f32(fp4::kGlobalScaleDenominator), s);
+  return mx::divide(mx::reshape(checked_global_scale(gs, op), {}, s), f32(fp4::kGlobalScaleDenominator), s);
 }
 
 // fp32 [N, k] weights: e2m1 * scale (E4M3 or E8M0 by mode), exact. `packed` is uint8 or uint32;

@@ -25,8 +25,9 @@ void check_no_global_scale(int mode, bool has_global_scale, const char* op);
 
 // Shared helpers of the format ops and the matmul op.
 void check_packed(const mx::array& packed, const char* op, const char* arg);
-// global_scale checked (one float32 element) and reshaped to a 0-d fp32 array.
-mx::array global_scale_f32(const mx::array& gs, const char* op, mx::StreamOrDevice s);
+// global_scale checked (one float32 element, shape () or (1,)) and returned as is: no graph node,
+// since the kernels take MLX's amax and divide in place (fp4::decode_multiplier).
+const mx::array& checked_global_scale(const mx::array& gs, const char* op);
 // MLX's global_scale (the tensor amax) -> the decode multiplier amax / 2688, checked.
 mx::array global_scale_multiplier(const mx::array& gs, const char* op, mx::StreamOrDevice s);
 mx::array decode_f32(const mx::array& bytes, const mx::array& scales, int k, int mode, mx::StreamOrDevice s);

@@ -169,24 +169,22 @@ mx::array default_indices(const mx::Shape& batch, const mx::Shape& shape, mx::St
   return cache->emplace(std::move(key), make_default_indices(batch, shape)).first->second;
 }
 
-// The global scale (tensor amax, MLX's convention) as the multiplier gs / 2688: [] or [E].
-mx::array canonical_multiplier(const mx::array& gs, const mx::array& w, mx::StreamOrDevice s) {
+// The global scale (tensor amax, MLX's convention): one value (shape () or (1,), as given: no node)
+// or [E]. The kernels divide by 2688 in place, as MLX's do.
+mx::array canonical_global_scale(const mx::array& gs, const mx::array& w, mx::StreamOrDevice s) {
   if (gs.dtype() != mx::float32) {
     throw_invalid("[", kOp, "] global_scale must be a Python float or a float32 array but got dtype ",
                   dtype_str(gs.dtype()), ".");
   }
   const mx::Shape batch = batch_shape(w);
   const int experts = static_cast<int>(product(batch.begin(), batch.end()));
-  mx::array flat = gs;
-  if (gs.size() == 1 && gs.ndim() <= 1) {
-    flat = mx::reshape(gs, {}, s);
-  } else if (gs.shape() == batch || (gs.ndim() == 1 && gs.shape(0) == experts)) {
-    flat = mx::reshape(gs, {experts}, s);
-  } else {
+  if (gs.size() == 1 && gs.ndim() <= 1) return gs;
+  if (gs.ndim() == 1 && gs.shape(0) == experts) return gs;
+  if (gs.shape() != batch) {
     throw_invalid("[", kOp, "] global_scale must be a scalar or have one value per expert, shape w.shape[:-2] = ",
                   shape_str(batch), ", but got shape ", shape_str(gs.shape()), ".");
   }
-  return mx::divide(flat, mx::array(fp4::kGlobalScaleDenominator, mx::float32), s);
+  return mx::reshape(gs, {experts}, s);
 }
 
 Canonical canonicalize(
@@ -232,9 +230,9 @@ Canonical canonicalize(
     }
     auto lhs = default_indices(xb, both, s);
     auto rhs = default_indices(wb, both, s);
-    std::optional<mx::array> mult;
-    if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
-    return {{x, w, scales, lhs, rhs, mult, mode}, od, squeeze_m, false};
+    std::optional<mx::array> gs;
+    if (global_scale) gs = canonical_global_scale(*global_scale, w, s);
+    return {{x, w, scales, lhs, rhs, gs, mode}, od, squeeze_m, false};
   }
   // An absent side's shape is its batch shape (mx.gather_qmm's arange over it); it is made once the
   // broadcast shape is known.
@@ -251,11 +249,11 @@ Canonical canonicalize(
   }
   if (!lhs) lhs = default_indices(xb, b, s);
   if (!rhs) rhs = default_indices(wb, b, s);
-  std::optional<mx::array> mult;
-  if (global_scale) mult = canonical_multiplier(*global_scale, w, s);
+  std::optional<mx::array> gs;
+  if (global_scale) gs = canonical_global_scale(*global_scale, w, s);
   // As mx.gather_qmm: the hint holds for rhs only when lhs is the default.
   const bool sorted_rhs = sorted_indices && rhs_indices && !lhs_indices;
-  return {{x, w, scales, mx::broadcast_to(*lhs, b, s), mx::broadcast_to(*rhs, b, s), mult, mode}, od, false, sorted_rhs};
+  return {{x, w, scales, mx::broadcast_to(*lhs, b, s), mx::broadcast_to(*rhs, b, s), gs, mode}, od, false, sorted_rhs};
 }
 
 mx::array squeeze_if(const mx::array& y, bool squeeze_m, mx::StreamOrDevice s) {
@@ -274,7 +272,7 @@ mx::array gather_w4a16_node(
   // No Contiguous node where none is needed (every graph node costs host time at each call).
   std::vector<mx::array> inputs = {rows_input(in.x, s), contiguous_input(in.w, s), contiguous_input(in.scales, s),
                                    rows_input(in.lhs, s), rows_input(in.rhs, s)};
-  if (in.multiplier) inputs.push_back(contiguous_input(*in.multiplier, s));
+  if (in.global_scale) inputs.push_back(contiguous_input(*in.global_scale, s));
   std::vector<fp4::EpilogueOp> ops;
   std::vector<int> kinds;
   for (size_t i = 0; i < epilogue.size(); ++i) {
@@ -292,21 +290,23 @@ mx::array gather_w4a16_node(
   return mx::array(
       out_shape,
       out_dtype,
-      std::make_shared<GatherW4A16Matmul>(stream, out_dtype, in.multiplier.has_value(), sorted_rhs, std::move(ops),
+      std::make_shared<GatherW4A16Matmul>(stream, out_dtype, in.global_scale.has_value(), sorted_rhs, std::move(ops),
                                           std::move(kinds), in.mode),
       std::move(inputs));
 }
 
-// fp32 products -> each pair's multiplier, the chain, one cast (the reference and the MLX route).
+// fp32 products -> each pair's decode multiplier (global scale / 2688), the chain, one cast (the
+// reference and the MLX route).
 static mx::array finish_gather(mx::array y, const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue,
                         mx::Dtype out_dtype, mx::StreamOrDevice s) {
-  const auto& multiplier = in.multiplier;
   const auto& rhs = in.rhs;
-  if (multiplier) {
-    if (multiplier->ndim() == 0) {
-      y = mx::multiply(y, *multiplier, s);
+  if (in.global_scale) {
+    const mx::array& gs = *in.global_scale;
+    if (gs.size() == 1) {
+      y = mx::multiply(y, global_scale_multiplier(gs, kOp, s), s);
     } else {
-      auto per_pair = mx::take(*multiplier, rhs, 0, s);
+      auto multiplier = mx::divide(gs, mx::array(fp4::kGlobalScaleDenominator, mx::float32), s);
+      auto per_pair = mx::take(multiplier, rhs, 0, s);
       y = mx::multiply(y, mx::expand_dims(per_pair, {-2, -1}, s), s);
     }
   }
@@ -318,7 +318,7 @@ static mx::array finish_gather(mx::array y, const GatherInputs& in, const std::v
 
 mx::array gather_w4a16_reference_canonical(
     const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, mx::StreamOrDevice s) {
-  const auto& [x, w, scales, lhs, rhs, multiplier, mode] = in;
+  const auto& [x, w, scales, lhs, rhs, global_scale, mode] = in;
   const int k = x.shape(-1);
   const int n = w.shape(-2);
   const int experts = static_cast<int>(product(w.shape().begin(), w.shape().end() - 2));

@@ -10,7 +10,7 @@ namespace mlx_fp4 {
 // [..., N, ceil(K/8)]; scales uint8 [..., N, ceil(K/16)]; indices integer arrays that broadcast
 // together to B (flat indices into the batch dims of x and w; defaults: every matrix);
 // global_scale fp32, a scalar or one per expert (w.shape[:-2]), in MLX's convention: the tensor
-// amax, multiplier = global_scale / 2688. Output B + [M, N].
+// amax (the kernels divide by 2688 in place, as MLX's do). Output B + [M, N].
 mx::array gather_w4a16_matmul(
     const mx::array& x,
     const mx::array& w,

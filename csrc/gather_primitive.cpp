@@ -22,14 +22,14 @@ int64_t leading_product(const mx::array& a) {
 GatherW4A16Matmul::GatherW4A16Matmul(
     mx::Stream stream,
     mx::Dtype out_dtype,
-    bool has_multiplier,
+    bool has_global_scale,
     bool sorted_rhs,
     std::vector<fp4::EpilogueOp> ops,
     std::vector<int> operand_kinds,
     int mode)
     : mx::Primitive(stream),
       out_dtype_(out_dtype),
-      has_multiplier_(has_multiplier),
+      has_global_scale_(has_global_scale),
       sorted_rhs_(sorted_rhs),
       ops_(std::move(ops)),
       operand_kinds_(std::move(operand_kinds)),
@@ -37,7 +37,7 @@ GatherW4A16Matmul::GatherW4A16Matmul(
 
 bool GatherW4A16Matmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const GatherW4A16Matmul&>(other);
-  return out_dtype_ == o.out_dtype_ && has_multiplier_ == o.has_multiplier_ && sorted_rhs_ == o.sorted_rhs_ &&
+  return out_dtype_ == o.out_dtype_ && has_global_scale_ == o.has_global_scale_ && sorted_rhs_ == o.sorted_rhs_ &&
          mode_ == o.mode_ && same_epilogue_chain(ops_, operand_kinds_, o.ops_, o.operand_kinds_);
 }
 
@@ -60,7 +60,7 @@ fp4::GatherW4A16Problem GatherW4A16Matmul::problem(const std::vector<mx::array>&
   p.scale_row_bytes = inputs[kGatherScales].shape(-1);
   p.x_dtype = operand_dtype_code(x.dtype());
   p.out_dtype = operand_dtype_code(out.dtype());
-  p.has_global_scale = has_multiplier_ ? 1 : 0;
+  p.has_global_scale = has_global_scale_ ? 1 : 0;
   p.mode = mode_;
   p.num_ops = static_cast<int>(ops_.size());
   for (size_t i = 0; i < ops_.size(); ++i) p.ops[i] = ops_[i];
@@ -69,7 +69,7 @@ fp4::GatherW4A16Problem GatherW4A16Matmul::problem(const std::vector<mx::array>&
   g.experts = leading_product(w);
   g.w_expert_bytes = p.n * p.w_row_bytes;
   g.scale_expert_bytes = p.n * p.scale_row_bytes;
-  g.multiplier_per_expert = has_multiplier_ && inputs[kGatherFirstOptional].ndim() == 1 ? 1 : 0;
+  g.global_scale_per_expert = has_global_scale_ && inputs[kGatherFirstOptional].size() > 1 ? 1 : 0;
   g.sorted_rhs = sorted_rhs_ ? 1 : 0;
   const int64_t rows = fp4::gather_out_rows(g);
   p.num_operands = static_cast<int>(operand_kinds_.size());
@@ -118,8 +118,8 @@ std::vector<mx::array> GatherW4A16Matmul::vjp(
           "(as in mx.gather_qmm); differentiate with respect to x or the epilogue operands.");
     }
   }
-  std::optional<mx::array> mult;
-  if (has_multiplier_) mult = primals[kGatherFirstOptional];
+  std::optional<mx::array> gs;
+  if (has_global_scale_) gs = primals[kGatherFirstOptional];
   const auto specs = epilogue_specs(primals);
   auto fn = [&](const std::vector<mx::array>& args) {
     auto sp = specs;
@@ -128,7 +128,7 @@ std::vector<mx::array> GatherW4A16Matmul::vjp(
       if (spec.operand) spec.operand = args[next++];
     }
     const GatherInputs in{args[0], primals[kGatherW], primals[kGatherScales], primals[kGatherLhs],
-                          primals[kGatherRhs], mult, mode_};
+                          primals[kGatherRhs], gs, mode_};
     return std::vector<mx::array>{gather_w4a16_reference_canonical(in, sp, out_dtype_, stream())};
   };
   std::vector<mx::array> args;
@@ -145,7 +145,7 @@ std::vector<mx::array> GatherW4A16Matmul::vjp(
 std::pair<std::vector<mx::array>, std::vector<int>> GatherW4A16Matmul::vmap(
     const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
   auto s = stream();
-  if (axes[kGatherW] >= 0 || axes[kGatherScales] >= 0 || (has_multiplier_ && axes[kGatherFirstOptional] >= 0)) {
+  if (axes[kGatherW] >= 0 || axes[kGatherScales] >= 0 || (has_global_scale_ && axes[kGatherFirstOptional] >= 0)) {
     throw std::invalid_argument(
         "[gather_w4a16_matmul] vmap over w, scales or global_scale is not supported; map x, the indices or "
         "the epilogue operands.");
@@ -186,9 +186,9 @@ std::pair<std::vector<mx::array>, std::vector<int>> GatherW4A16Matmul::vmap(
     shape.insert(shape.begin() + 1, out_ndim - static_cast<int>(t.ndim()), 1);
     specs[i].operand = mx::reshape(t, shape, s);
   }
-  std::optional<mx::array> mult;
-  if (has_multiplier_) mult = inputs[kGatherFirstOptional];
-  auto out = gather_w4a16_node({x, inputs[kGatherW], inputs[kGatherScales], lhs, rhs, mult, mode_}, specs, out_dtype_,
+  std::optional<mx::array> gs;
+  if (has_global_scale_) gs = inputs[kGatherFirstOptional];
+  auto out = gather_w4a16_node({x, inputs[kGatherW], inputs[kGatherScales], lhs, rhs, gs, mode_}, specs, out_dtype_,
                                false, s);
   return {{out}, {0}};
 }

@@ -11,7 +11,7 @@
 namespace mlx_fp4 {
 
 // Inputs: x [..., M, K], w [..., N, bytes] (uint8 or uint32), scales [..., N, blocks],
-// lhs and rhs (uint32, one broadcast shape B), [multiplier: [] or [E] fp32], operands...
+// lhs and rhs (uint32, one broadcast shape B), [global_scale (MLX amax): one value or [E] fp32], operands...
 // Output: B + [M, N].
 enum GatherInput : int {
   kGatherX = 0,
@@ -27,7 +27,7 @@ class GatherW4A16Matmul : public mx::Primitive {
   GatherW4A16Matmul(
       mx::Stream stream,
       mx::Dtype out_dtype,
-      bool has_multiplier,
+      bool has_global_scale,
       bool sorted_rhs,
       std::vector<fp4::EpilogueOp> ops,
       std::vector<int> operand_kinds,
@@ -51,9 +51,9 @@ class GatherW4A16Matmul : public mx::Primitive {
   // The problem for these inputs and output; every backend launches from it.
   fp4::GatherW4A16Problem problem(const std::vector<mx::array>& inputs, const mx::array& out) const;
 
-  bool has_multiplier() const { return has_multiplier_; }
+  bool has_global_scale() const { return has_global_scale_; }
   int operand_input_index(int operand) const {
-    return kGatherFirstOptional + (has_multiplier_ ? 1 : 0) + operand;
+    return kGatherFirstOptional + (has_global_scale_ ? 1 : 0) + operand;
   }
 
  private:
@@ -61,7 +61,7 @@ class GatherW4A16Matmul : public mx::Primitive {
   std::vector<EpilogueSpec> epilogue_specs(const std::vector<mx::array>& inputs) const;
 
   const mx::Dtype out_dtype_;
-  const bool has_multiplier_;
+  const bool has_global_scale_;
   const bool sorted_rhs_;
   const std::vector<fp4::EpilogueOp> ops_;
   const std::vector<int> operand_kinds_;
@@ -75,14 +75,14 @@ bool gather_gpu_kernel_available();
 bool gather_gpu_kernel_supports_mode(int mode);
 
 // The primitive's canonical operands: x, stacked weights, the uint32 indices in one broadcast
-// shape B and the multiplier (global_scale / 2688: [] or [E]).
+// shape B and the global scale (MLX amax: one value, shape () or (1,), or [E]).
 struct GatherInputs {
   mx::array x;
   mx::array w;
   mx::array scales;
   mx::array lhs;
   mx::array rhs;
-  std::optional<mx::array> multiplier;
+  std::optional<mx::array> global_scale;
   int mode = fp4::kModeNvfp4;  // fp4::Mode of the scales
 };
 

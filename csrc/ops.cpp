@@ -103,7 +103,7 @@ Checked check(
   }
   std::optional<mx::array> gs;
   if (global_scale) {
-    gs = global_scale_f32(*global_scale, kOp, s);
+    gs = checked_global_scale(*global_scale, kOp);
   }
   mx::Shape out_shape = x.shape();
   out_shape.back() = n;
@@ -350,7 +350,7 @@ mx::array mlx_nvfp4_route(const Checked& c, const std::vector<EpilogueSpec>& epi
                                 mode_name(c.mode), s);
   y = mx::astype(y, mx::float32, s);
   if (c.gs) {
-    y = mx::multiply(y, *c.gs, s);
+    y = mx::multiply(y, global_scale_multiplier(*c.gs, kOp, s), s);
   }
   for (const auto& op : epilogue) {
     y = apply_op_ops(y, op, s);
@@ -391,7 +391,7 @@ mx::array reference_graph(const Checked& c, const std::vector<EpilogueSpec>& epi
   auto wf = decode_f32(c.w_bytes, c.scales, c.k, c.mode, s);  // [N, K] fp32, exact
   auto y = mx::matmul(mx::astype(c.x, mx::float32, s), mx::transpose(wf, s), s);
   if (c.gs) {
-    y = mx::multiply(y, *c.gs, s);
+    y = mx::multiply(y, global_scale_multiplier(*c.gs, kOp, s), s);
   }
   for (const auto& op : epilogue) {
     y = apply_op_ops(y, op, s);
@@ -399,24 +399,19 @@ mx::array reference_graph(const Checked& c, const std::vector<EpilogueSpec>& epi
   return mx::astype(y, c.out_dtype, s);
 }
 
-std::optional<mx::array> to_multiplier(const std::optional<mx::array>& global_scale, mx::StreamOrDevice s) {
-  if (!global_scale) return std::nullopt;
-  return global_scale_multiplier(*global_scale, kOp, s);
-}
-
 }  // namespace
 
-mx::array w4a16_matmul_with_multiplier(
+mx::array w4a16_matmul_routed(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const std::optional<mx::array>& multiplier,
+    const std::optional<mx::array>& global_scale,
     const std::vector<EpilogueSpec>& epilogue,
     std::optional<mx::Dtype> out_dtype,
     bool reference_ops,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  const Prepared p = prepare(x, w, scales, multiplier, epilogue, out_dtype, parse_mode(mode, kOp), s);
+  const Prepared p = prepare(x, w, scales, global_scale, epilogue, out_dtype, parse_mode(mode, kOp), s);
   if (reference_ops) {
     return reference_graph(p.c, epilogue, s);
   }
@@ -445,7 +440,7 @@ mx::array w4a16_matmul(
     std::optional<mx::Dtype> out_dtype,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
+  return w4a16_matmul_routed(x, w, scales, global_scale, epilogue, out_dtype,
                                       /*reference_ops=*/false, mode, s);
 }
 
@@ -458,7 +453,7 @@ mx::array w4a16_matmul_reference_ops(
     std::optional<mx::Dtype> out_dtype,
     const std::string& mode,
     mx::StreamOrDevice s) {
-  return w4a16_matmul_with_multiplier(x, w, scales, to_multiplier(global_scale, s), epilogue, out_dtype,
+  return w4a16_matmul_routed(x, w, scales, global_scale, epilogue, out_dtype,
                                       /*reference_ops=*/true, mode, s);
 }
 

@@ -147,7 +147,7 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> as_function
       }
     }
     return std::vector<mx::array>{
-        w4a16_matmul_with_multiplier(args[0], w, scales, gs, sp, out_dtype, /*reference_ops=*/true, mode, stream)};
+        w4a16_matmul_routed(args[0], w, scales, gs, sp, out_dtype, /*reference_ops=*/true, mode, stream)};
   };
 }
 
@@ -235,7 +235,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> W4A16Matmul::vmap(
   if (has_global_scale_) {
     gs = inputs[kInputFirstOptional];
   }
-  auto out = w4a16_matmul_with_multiplier(x, inputs[kInputW], inputs[kInputScales], gs, specs, out_dtype_,
+  auto out = w4a16_matmul_routed(x, inputs[kInputW], inputs[kInputScales], gs, specs, out_dtype_,
                                           /*reference_ops=*/false, mode_name(mode_), s);
   return {{out}, {0}};
 }

@@ -10,7 +10,7 @@ struct GatherBuffers {
   const uint8_t* scales;    // experts x [n, scale_row_bytes]
   const uint32_t* lhs;      // [pairs]
   const uint32_t* rhs;      // [pairs]
-  const float* multiplier;  // 1 or `experts` values, or nullptr
+  const float* global_scale;  // 1 or `experts` values (MLX amax), or nullptr
   const void* operands[fp4::kMaxEpilogueOperands];
   void* out;  // [pairs * m, n], out_dtype
 };

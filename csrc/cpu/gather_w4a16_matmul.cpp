@@ -17,7 +17,7 @@ void GatherW4A16Matmul::eval_cpu(const std::vector<mx::array>& inputs, std::vect
   b.scales = inputs[kGatherScales].data<uint8_t>();
   b.lhs = inputs[kGatherLhs].data<uint32_t>();
   b.rhs = inputs[kGatherRhs].data<uint32_t>();
-  b.multiplier = has_multiplier() ? inputs[kGatherFirstOptional].data<float>() : nullptr;
+  b.global_scale = has_global_scale() ? inputs[kGatherFirstOptional].data<float>() : nullptr;
   for (int i = 0; i < g.mm.num_operands; ++i) b.operands[i] = inputs[operand_input_index(i)].data<void>();
   b.out = out.data<void>();
   auto& enc = mx::cpu::get_command_encoder(stream());

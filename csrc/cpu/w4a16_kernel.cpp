@@ -94,7 +94,7 @@ int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 // Op-major loops over a row segment so that the simple ops vectorize.
 void finish(const fp4::W4A16Problem& p, const Buffers& b, int64_t row, int64_t col0, int64_t count, float* v) {
   if (p.has_global_scale) {
-    const float gs = *b.global_scale;
+    const float gs = fp4::decode_multiplier(*b.global_scale);
     for (int64_t j = 0; j < count; ++j) v[j] *= gs;
   }
   float opnd[kGemmPanelRows + 64];

@@ -91,7 +91,7 @@ struct Problem {
   std::vector<uint16_t> x;  // bf16 bits
   std::vector<uint8_t> w, s;
   std::vector<uint32_t> lhs, rhs;
-  std::vector<float> mult;
+  std::vector<float> gs, mult;
   GatherArgs a{};
   int32_t* ws = nullptr;
   void* xp = nullptr;  // the grouped wgmma kernel's gathered, permuted x
@@ -111,7 +111,7 @@ struct Problem {
     g.experts = e;
     g.w_expert_bytes = n * p.w_row_bytes;
     g.scale_expert_bytes = n * p.scale_row_bytes;
-    g.multiplier_per_expert = per_expert ? 1 : 0;
+    g.global_scale_per_expert = per_expert ? 1 : 0;
     std::uniform_int_distribution<int> byte(0, 255), scale(0x18, 0x47);
     std::normal_distribution<float> normal;
     x.resize(batches * m * k);
@@ -126,8 +126,13 @@ struct Problem {
     }
     s.resize(e * g.scale_expert_bytes);
     for (auto& v : s) v = static_cast<uint8_t>(scale(rng));
-    mult.resize(per_expert ? e : 1);
-    for (auto& v : mult) v = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng);
+    // The kernels take MLX's global scale (amax); the reference uses its decode multiplier.
+    gs.resize(per_expert ? e : 1);
+    mult.resize(gs.size());
+    for (size_t i = 0; i < gs.size(); ++i) {
+      gs[i] = std::uniform_real_distribution<float>(0.5f, 2.0f)(rng) * fp4::kGlobalScaleDenominator;
+      mult[i] = fp4::decode_multiplier(gs[i]);
+    }
   }
 
   Kind kernel = Kind::kGemv;
@@ -141,7 +146,7 @@ struct Problem {
     a.scales = to_device(s);
     a.lhs = to_device(lhs);
     a.rhs = to_device(rhs);
-    a.multiplier = to_device(mult);
+    a.global_scale = to_device(gs);
     CK(cudaMalloc(&a.out, std::max<int64_t>(1, fp4::gather_out_rows(g) * g.mm.n) * sizeof(float)));
     const int64_t words = fp4::cuda_gather_tiling::plan_workspace_words(g.experts, g.pairs, fp4::gather_out_rows(g));
     CK(cudaMalloc(&ws, words * sizeof(int32_t)));
@@ -201,7 +206,7 @@ struct Problem {
   ~Problem() {
     for (const void* p : {a.x, static_cast<const void*>(a.w), static_cast<const void*>(a.scales),
                           static_cast<const void*>(a.lhs), static_cast<const void*>(a.rhs),
-                          static_cast<const void*>(a.multiplier), static_cast<const void*>(a.out),
+                          static_cast<const void*>(a.global_scale), static_cast<const void*>(a.out),
                           static_cast<const void*>(ws), static_cast<const void*>(xp)}) {
       if (p) cudaFree(const_cast<void*>(p));
     }
@@ -259,7 +264,7 @@ void check(const std::string& name, Problem& pr, Kind kernel, int decode_shape =
           acc += xv * wv;
           mag += std::fabs(xv * wv);
         }
-        const double c = pr.mult[g.multiplier_per_expert ? e : 0];
+        const double c = pr.mult[g.global_scale_per_expert ? e : 0];
         const double tol = 4 * K * 6e-8 * mag * c + 1e-30;
         bad += !(std::fabs(got - acc * c) <= tol);
       }

@@ -20,7 +20,7 @@ struct GatherArgs {
   const uint8_t* scales;    // experts x [n, scale_row_bytes]
   const uint32_t* lhs;      // [pairs]
   const uint32_t* rhs;      // [pairs]
-  const float* multiplier;  // 1 or `experts` values, or null
+  const float* global_scale;  // 1 or `experts` values (MLX amax), or null
   const void* operands[fp4::kMaxEpilogueOperands];
   void* out;                // [pairs * m, n], mm.out_dtype
   int32_t* workspace;       // plan_workspace_words(experts, pairs, rows) int32
@@ -83,13 +83,13 @@ inline W4A16Args expert_args(const GatherArgs& a) {
   b.x = a.x;
   b.w = a.w;
   b.scales = a.scales;
-  b.global_scale = a.multiplier;
+  b.global_scale = a.global_scale;
   for (int i = 0; i < fp4::kMaxEpilogueOperands; ++i) b.operands[i] = a.operands[i];
   b.out = a.out;
   b.p = a.g.mm;
   b.w_batch_bytes = a.g.w_expert_bytes;
   b.scale_batch_bytes = a.g.scale_expert_bytes;
-  b.multiplier_per_expert = a.g.multiplier_per_expert;
+  b.global_scale_per_expert = a.g.global_scale_per_expert;
   return b;
 }
 

@@ -98,7 +98,7 @@ void GatherW4A16Matmul::eval_gpu(const std::vector<mx::array>& given, std::vecto
   a.scales = mx::gpu_ptr<uint8_t>(inputs[kGatherScales]);
   a.lhs = mx::gpu_ptr<uint32_t>(inputs[kGatherLhs]);
   a.rhs = mx::gpu_ptr<uint32_t>(inputs[kGatherRhs]);
-  a.multiplier = has_multiplier() ? mx::gpu_ptr<float>(inputs[kGatherFirstOptional]) : nullptr;
+  a.global_scale = has_global_scale() ? mx::gpu_ptr<float>(inputs[kGatherFirstOptional]) : nullptr;
   for (int i = 0; i < g.mm.num_operands; ++i) a.operands[i] = mx::gpu_ptr<void>(inputs[operand_input_index(i)]);
   a.out = mx::gpu_ptr<void>(out);
   const cuda::GatherKernel kernel = gather_kernel(g);

@@ -121,6 +121,7 @@ void launch(const Launch& l, void* args, cudaStream_t s) {
 void* g_lt = nullptr;
 bool g_staged = true;  // use the staged tensor-core kernel where it applies (staged_loads_ok)
 DevBuf* g_ws = nullptr;
+DevBuf* g_mult = nullptr;  // the dequant path's decode multiplier (cuBLAS's device alpha)
 constexpr size_t kWsBytes = size_t(32) << 20;
 
 // A bf16-in, bf16-out problem (the timing and profiling shapes).
@@ -152,12 +153,13 @@ void run_path(Path path, const TcConfig& cfg, W4A16Args a, void* wd, float* acc,
   } else if (path == Path::kSimt) {
     launch(simt_launch(p, vec), &a, s);
   } else {
-    DequantArgs d{a.w, a.scales, wd, p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype, p.mode};
+    DequantArgs d{a.w, a.scales, wd, p.n, p.k, p.w_row_bytes, p.scale_row_bytes, p.x_dtype, p.mode,
+                  a.global_scale, a.global_scale ? static_cast<float*>(g_mult->p) : nullptr};
     launch(dequant_launch(d, vec), &d, s);
     const bool direct = p.num_ops == 0 && (p.out_dtype == p.x_dtype || p.out_dtype == fp4::kDtypeF32);
     char err[256] = {0};
     if (!cublas_gemm(g_lt, s, p.m, p.n, p.k, a.x, wd, p.x_dtype, direct ? a.out : acc,
-                     direct ? p.out_dtype : fp4::kDtypeF32, a.global_scale, g_ws->p, kWsBytes, err)) {
+                     direct ? p.out_dtype : fp4::kDtypeF32, d.multiplier, g_ws->p, kWsBytes, err)) {
       std::fprintf(stderr, "cublas: %s\n", err);
       std::exit(2);
     }
@@ -241,7 +243,9 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   const size_t xs = dtype_size(c.x_dtype), os = dtype_size(c.out_dtype);
   std::vector<uint8_t> x(p.m * p.k * xs);
   for (int64_t i = 0; i < p.m * p.k; ++i) host_store(x, c.x_dtype, i, nd(rng));
-  const float gsv = 0.0123f;
+  // The kernels take MLX's global scale (amax); the reference uses its decode multiplier.
+  const float gs_amax = 33.0f;
+  const float gsv = fp4::decode_multiplier(gs_amax);
 
   // Epilogue operands.
   std::vector<std::vector<uint8_t>> ops_host;
@@ -308,7 +312,7 @@ void check_case(const Case& c, Path path, const TcConfig* cfg_override, std::mt1
   CK(cudaMemcpy(dx.p, x.data(), x.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, w.data(), w.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(ds.p, sc.data(), sc.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dgs.p, &gsv, 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dgs.p, &gs_amax, 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dout.p, 0xFF, dout.bytes));
   std::vector<DevBuf*> dops;
   W4A16Args a{};
@@ -534,6 +538,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_ws = new DevBuf(kWsBytes);
+  g_mult = new DevBuf(sizeof(float));
   preload_kernels();  // also raises the staged kernels' dynamic shared memory limit
   if (profile) run_profile();
   if (check && !wgmma) run_checks(quick);

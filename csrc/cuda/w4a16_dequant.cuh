@@ -34,6 +34,7 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 template <typename OT, bool kVec, int Mode>
 __global__ void __launch_bounds__(kDequantThreads) w4a16_dequant_kernel(const DequantArgs d) {
   constexpr bool kHalf = !std::is_same_v<OT, float> && Mode == fp4::kModeNvfp4;
+  if (d.global_scale && blockIdx.x == 0 && threadIdx.x == 0) *d.multiplier = fp4::decode_multiplier(*d.global_scale);
   const int64_t wpr = (d.k + 7) / 8;  // words of 8 values per row
   __shared__ uint32_t s_scale[256];
   uint32_t unscale = 0;

@@ -70,7 +70,7 @@ __device__ __forceinline__ float finish(const W4A16Args& a, float acc, int64_t r
 
 // The multiplier of expert `e` of a grouped or batched launch (a.global_scale when not per expert).
 __device__ __forceinline__ const float* expert_multiplier(const W4A16Args& a, int64_t e) {
-  return a.p.has_global_scale && a.multiplier_per_expert ? a.global_scale + e : a.global_scale;
+  return a.p.has_global_scale && a.global_scale_per_expert ? a.global_scale + e : a.global_scale;
 }
 
 // Product blockIdx.z of a batched launch (W4A16Args::batch_rhs): pointers moved to its expert,
@@ -166,7 +166,7 @@ __device__ __forceinline__ void batch_fill_nan(const W4A16Args& b) {
 }
 
 __device__ __forceinline__ float global_scale_of(const W4A16Args& a) {
-  return a.p.has_global_scale ? *a.global_scale : 1.0f;
+  return a.p.has_global_scale ? fp4::decode_multiplier(*a.global_scale) : 1.0f;
 }
 
 // Weights are read once: keep them out of L1 (x lives there), and have L2 fetch 256 bytes around

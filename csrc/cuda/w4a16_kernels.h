@@ -31,7 +31,7 @@ struct W4A16Args {
   const uint32_t* batch_lhs;
   const uint32_t* batch_rhs;
   int64_t batch_x_matrices, batch_experts, w_batch_bytes, scale_batch_bytes;
-  int multiplier_per_expert;
+  int global_scale_per_expert;
   // Grid x as the tiles of grouped products (the gathered op's prefill, tc_grouped_launch): tile i
   // is expert group_tiles[2i] from row group_tiles[2i + 1] of its rows group_start[e] * m ..
   // group_start[e + 1] * m of the sorted order (w/scales/multiplier moved as for batch_rhs); row r
@@ -59,6 +59,10 @@ struct DequantArgs {
   int64_t n, k, w_row_bytes, scale_row_bytes;
   int out_dtype;  // fp4::OperandDtype
   int mode;       // fp4::Mode of the scales (nvfp4 when left 0)
+  // With a global scale (MLX amax): its decode multiplier is written to `multiplier` for cuBLAS's
+  // device alpha, so that the graph keeps one node per product.
+  const float* global_scale;
+  float* multiplier;
 };
 
 // Row-contiguous copy of a strided array of 2- or 4-byte elements (element strides).

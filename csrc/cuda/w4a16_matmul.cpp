@@ -174,12 +174,17 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
 
   // Large M: exact decode of W into x's dtype, dense GEMM in cuBLAS with fp32 accumulation.
   mx::array wd = cuda::device_array({static_cast<int>(p.n), static_cast<int>(p.k)}, x.dtype(), enc);
+  std::optional<mx::array> mult;
+  if (has_global_scale()) mult = cuda::device_array({1}, mx::float32, enc);
   cuda::DequantArgs d{a.w,      a.scales,          mx::gpu_ptr<void>(wd), p.n, p.k, p.w_row_bytes,
-                      p.scale_row_bytes, p.x_dtype, p.mode};
+                      p.scale_row_bytes, p.x_dtype, p.mode, a.global_scale,
+                      mult ? mx::gpu_ptr<float>(*mult) : nullptr};
   const bool dq_vec = vec && reinterpret_cast<uintptr_t>(d.out) % 16 == 0;
   enc.set_input_array(inputs[kInputW]);
   enc.set_input_array(inputs[kInputScales]);
+  if (mult) enc.set_input_array(inputs[kInputFirstOptional]);
   enc.set_output_array(wd);
+  if (mult) enc.set_output_array(*mult);
   add_node(enc, cuda::dequant_launch(d, dq_vec), d);
 
   // cuBLAS writes the output itself when no epilogue op is left and it can cast to out's dtype.
@@ -188,7 +193,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   mx::array ws = cuda::device_array({static_cast<int>(kCublasWorkspaceBytes)}, mx::uint8, enc);
   enc.set_input_array(wd);
   enc.set_input_array(x);
-  if (has_global_scale()) enc.set_input_array(inputs[kInputFirstOptional]);
+  if (mult) enc.set_input_array(*mult);
   enc.set_output_array(acc);
   char err[256] = {0};
   bool ok = false;
@@ -197,7 +202,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
     const auto lock = cuda::cublas_guard();
     auto capture = enc.capture_context();
     ok = cuda::cublas_gemm(handle, enc.stream(), p.m, p.n, p.k, a.x, d.out, p.x_dtype, mx::gpu_ptr<void>(acc),
-                           direct ? p.out_dtype : fp4::kDtypeF32, a.global_scale, mx::gpu_ptr<void>(ws),
+                           direct ? p.out_dtype : fp4::kDtypeF32, mult ? d.multiplier : nullptr, mx::gpu_ptr<void>(ws),
                            kCublasWorkspaceBytes, err);
     capture.discard = !ok;
   }
@@ -206,6 +211,7 @@ void W4A16Matmul::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx:
   }
   enc.add_temporary(wd);
   enc.add_temporary(ws);
+  if (mult) enc.add_temporary(*mult);
   if (!direct) {
     cuda::EpilogueArgs e{};
     e.acc = mx::gpu_ptr<float>(acc);

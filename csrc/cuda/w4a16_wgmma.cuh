@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) w4a16_wgmma_kernel(const __g
   }
   if (split == 0) {
     const unsigned rank = clustered ? cg::this_cluster().block_rank() : 0;
-    const float gs = a.p.has_global_scale ? *multiplier : 1.0f;
+    const float gs = a.p.has_global_scale ? fp4::decode_multiplier(*multiplier) : 1.0f;
     // Whole 16-byte stores when every run of kWgmmaOutVec columns starts 16-byte aligned.
     const bool vec_ok = a.p.n % kWgmmaOutVec == 0 && reinterpret_cast<uintptr_t>(a.out) % sizeof(uint4) == 0;
     constexpr int kRuns = kWgmmaBlockRows / kWgmmaOutVec;  // runs of columns per tile row

@@ -113,7 +113,7 @@ inline GatherMetalLaunch gather_metal_plan(const GatherW4A16Problem& g, const Me
   l.params.pairs = int(g.pairs);
   l.params.x_batches = int(g.x_batches < 0x7fffffff ? g.x_batches : 0x7fffffff);
   l.params.experts = int(g.experts < 0x7fffffff ? g.experts : 0x7fffffff);
-  l.params.multiplier_per_expert = g.multiplier_per_expert;
+  l.params.global_scale_per_expert = g.global_scale_per_expert;
   l.params.w_expert_bytes = int(g.w_expert_bytes);
   l.params.scale_expert_bytes = int(g.scale_expert_bytes);
   l.num_constants = dense.num_constants;

@@ -18,7 +18,7 @@ struct GatherMetalParams {
   int pairs;                  // products (threadgroup rows of the grid)
   int x_batches;              // lhs indices must be < x_batches
   int experts;                // rhs indices must be < experts
-  int multiplier_per_expert;  // 1: global scale buffer holds one multiplier per expert
+  int global_scale_per_expert;  // 1: global scale buffer holds one multiplier per expert
   int w_expert_bytes;         // bytes between experts in w
   int scale_expert_bytes;     // bytes between experts in scales
   int reserved0;

@@ -40,7 +40,7 @@ inline void gather_pair(
     rows.s[r] = scales + long(e) * g.scale_expert_bytes + wrow * p.scale_row_bytes;
   }
   device const XT* xm = x + long(l) * p.m * p.k;
-  device const float* mult = gscale + (g.multiplier_per_expert != 0 ? e : 0u);
+  device const float* mult = gscale + (g.global_scale_per_expert != 0 ? e : 0u);
   for (int mi = 0; mi < p.m; ++mi) {
     GemvAcc<1, R> acc;
     for (int r = 0; r < R; ++r) {
@@ -89,7 +89,7 @@ inline void gather_run(
   } else {
     gemv_accumulate<XT, RUN, R, false>(acc, xr, wrows, p, 0, rows, lane);
   }
-  device const float* mult = gscale + (g.multiplier_per_expert != 0 ? e : 0u);
+  device const float* mult = gscale + (g.global_scale_per_expert != 0 ? e : 0u);
   for (int mi = 0; mi < RUN; ++mi) {
     for (int r = 0; r < R; ++r) {
       const float v = simd_sum(acc.v[mi][r]);
@@ -221,7 +221,7 @@ inline void gather_gemm_tile(
     const int pair = m0 + local[fi];
     const uint e = rhs[pair];
     const bool ok = e < uint(g.experts) && lhs[pair] < uint(g.x_batches);
-    device const float* mult = gscale + (ok && g.multiplier_per_expert != 0 ? e : 0u);
+    device const float* mult = gscale + (ok && g.global_scale_per_expert != 0 ? e : 0u);
     for (int fj = 0; fj < kMetalSgFrags; ++fj) {
       const int col = n0 + sg_n * kMetalSgTile + fj * kMetalFrag + fn;
       if (col >= p.n) {

@@ -37,7 +37,7 @@ inline float finish_value(
     device const uchar* op2,
     device const uchar* op3) {
   if ((p.flags & kMetalFlagGlobalScale) != 0) {
-    v *= gscale[0];
+    v *= fp4::decode_multiplier(gscale[0]);
   }
   for (int i = 0; i < p.num_ops; ++i) {
     const int code = p.ops[i].code;

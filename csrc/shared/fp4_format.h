@@ -41,6 +41,12 @@ FP4_CONST float kE4M3Max = 448.0f;
 // amax of a tensor maps to kE2M1Max * kE4M3Max under a per-tensor global scale (ModelOpt).
 FP4_CONST float kGlobalScaleDenominator = kE2M1Max * kE4M3Max;  // 2688
 
+// MLX's global_scale (the tensor amax) -> the decode multiplier, in the kernel as MLX's own kernels
+// do it: one IEEE fp32 division, so no extra graph node per call and the value of mx.dequantize.
+FP4_FN float decode_multiplier(float global_scale) {
+  return fp4_math::div(global_scale, kGlobalScaleDenominator);
+}
+
 // Exact decode of an E2M1 code (low 4 bits used). Pure integer-to-float arithmetic: no
 // denormal intermediates, so Apple GPUs that flush f32/bf16 denormals decode +-0.5 right.
 FP4_FN float e2m1_to_float(uint32_t code) {

@@ -15,7 +15,7 @@ struct GatherW4A16Problem {
   int64_t experts;          // matrices in w; rhs indices must be < experts
   int64_t w_expert_bytes;   // bytes between experts in w (n * w_row_bytes)
   int64_t scale_expert_bytes;  // bytes between experts in scales (n * scale_row_bytes)
-  int multiplier_per_expert;   // 1: multiplier[rhs[p]]; 0: one multiplier for all (if any)
+  int global_scale_per_expert;   // 1: multiplier[rhs[p]]; 0: one multiplier for all (if any)
   int sorted_rhs;              // a hint: rhs is non-decreasing (runs of one expert)
 };
 

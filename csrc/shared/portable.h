@@ -13,6 +13,8 @@ inline float fma(float a, float b, float c) { return metal::fma(a, b, c); }
 inline float abs(float x) { return metal::abs(x); }
 inline float copysign(float m, float s) { return metal::copysign(m, s); }
 inline float bits_to_float(uint32_t b) { return as_type<float>(b); }
+// Correctly rounded even under fast math, so the value matches an IEEE fp32 division bit for bit.
+inline float div(float a, float b) { return metal::precise::divide(a, b); }
 }  // namespace fp4_math
 #elif defined(__CUDACC__)
 #include <cstdint>
@@ -33,6 +35,12 @@ FP4_FN float bits_to_float(uint32_t b) {
   return f;
 #endif
 }
+#if defined(__CUDA_ARCH__)
+// Round-to-nearest division whatever the -prec-div / fast-math flags (IEEE fp32, as on the CPU).
+FP4_FN float div(float a, float b) { return __fdiv_rn(a, b); }
+#else
+FP4_FN float div(float a, float b) { return a / b; }
+#endif
 }  // namespace fp4_math
 #else
 #include <cmath>
@@ -89,5 +97,6 @@ inline float bits_to_float(uint32_t b) {
   std::memcpy(&f, &b, sizeof(f));
   return f;
 }
+inline float div(float a, float b) { return a / b; }
 }  // namespace fp4_math
 #endif

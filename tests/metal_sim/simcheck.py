@@ -109,7 +109,7 @@ def check(runner, tmp_path, m, n, k, *, x_dtype=sc.BF16, out_dtype=sc.F32, force
                             scales=scales, x_dtype=x_dtype, out_dtype=out_dtype, global_scale=gs,
                             epilogue=sim_ops, force=force, guard=guard, schedule=schedule,
                             mode=MODE_CODE[mode])
-    gs32 = None if gs is None else np.float32(gs)
+    gs32 = None if gs is None else ref.multiplier(gs)  # the kernel takes the amax, as MLX's do
     _, acc, mag = ref.w4a16_matmul_with_magnitude(x, packed, scales, k, gs32, mode=mode)
     tol = common.TOLERANCES[(MX_DTYPE[x_dtype], MX_DTYPE[out_dtype])]
     y, bound = common.error_bound(acc, mag, k, tol, ref_ops, gs32)

@@ -39,7 +39,7 @@ GATHER_KERNELS = {"pairs": 1, "runs": 2, "gemm": 3}  # fp4::GatherMetalKernel, a
 def run_gather(sim, d, *, x, w_bytes, scales, lhs, rhs, x_dtype, out_dtype, gs=None, epilogue=(), mode=0,
                sorted_hint=False, launch=None, force=None):
     """x [B, M, K] numpy (representable in x_dtype), w_bytes uint8 [E, N, row], scales uint8
-    [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 multipliers; epilogue:
+    [E, N, blocks], lhs/rhs uint32 [P]; gs: None, a scalar or [E] fp32 global scales (MLX amax); epilogue:
     (name, operand array shaped for [P, M, N] or float, p1); sorted_hint: the op's sorted_indices
     (gather_metal_kernel); launch: a dict that receives the plan's launch lines; force: a kernel of
     GATHER_KERNELS instead of the plan's. Returns out [P, M, N] float64."""
@@ -122,12 +122,11 @@ def test_gather_kernel_matches_reference(gather_sim, tmp_path, xd, od, e, n, k, 
     rhs[:2] = rhs[0]  # a repeated expert
     lhs = g.integers(0, batches, size=pairs).astype(np.uint32) if with_lhs else np.arange(pairs, dtype=np.uint32)
     amax = None if gs is None else (np.float32(300.0) if gs == "scalar" else g.uniform(10, 500, e).astype(np.float32))
-    mult = None if amax is None else np.asarray(amax / np.float32(2688.0), np.float32)
     gate = g.standard_normal((pairs, m, n)).astype(np.float16)
     bias = g.standard_normal(n).astype(np.float32)
     chain = [("add", bias, None), ("silu", None, None), ("mul", gate, None), ("clamp", -4.0, 4.0)]
     out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=xd,
-                     out_dtype=od, gs=mult, epilogue=chain)
+                     out_dtype=od, gs=amax, epilogue=chain)
     acc, mag = gref.gather_matmul_with_magnitude(x, w_bytes, scales, lhs, rhs,
                                                  None if amax is None else mx.array(amax))
     ref_chain = [("add", bias), "silu", ("mul", gate.astype(np.float64)), ("clamp", -4.0, 4.0)]
@@ -167,12 +166,11 @@ def test_sorted_prefill_runs(gather_sim, tmp_path, mode):
     lhs[[9, 10]] = lhs[[10, 9]]  # run 1: one expert, x matrices not consecutive
     nvfp4 = mode == "nvfp4"
     amax = g.uniform(10, 500, e).astype(np.float32) if nvfp4 else None
-    mult = None if amax is None else np.asarray(amax / np.float32(2688.0), np.float32)
     gate = g.standard_normal((pairs, 1, n)).astype(np.float16)
     chain = [("silu", None, None), ("mul", gate, None)]
     launch = {}
     out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=BF16,
-                     out_dtype=F32, gs=mult, epilogue=chain, mode=0 if nvfp4 else 1, sorted_hint=True, launch=launch)
+                     out_dtype=F32, gs=amax, epilogue=chain, mode=0 if nvfp4 else 1, sorted_hint=True, launch=launch)
     assert launch["kernel"].endswith("_run8") and launch["grid"].split()[1] == str((pairs + 7) // 8)
     assert np.isnan(out[-3:]).all()
     ok = slice(0, pairs - 3)
@@ -204,13 +202,12 @@ def test_sorted_prefill_gemm(gather_sim, tmp_path, mode, xd, od, hint_lies):
     lhs[70] = 999  # past x
     nvfp4 = mode == "nvfp4"
     amax = g.uniform(10, 500, e).astype(np.float32) if nvfp4 else None
-    mult = None if amax is None else np.asarray(amax / np.float32(2688.0), np.float32)
     gate = g.standard_normal((pairs, 1, n)).astype(np.float16)
     bias = g.standard_normal(n).astype(np.float32)
     chain = [("add", bias, None), ("silu", None, None), ("mul", gate, None)]
     launch = {}
     out = run_gather(gather_sim, tmp_path, x=x, w_bytes=w_bytes, scales=scales, lhs=lhs, rhs=rhs, x_dtype=xd,
-                     out_dtype=od, gs=mult, epilogue=chain, mode=0 if nvfp4 else 1, sorted_hint=True, launch=launch)
+                     out_dtype=od, gs=amax, epilogue=chain, mode=0 if nvfp4 else 1, sorted_hint=True, launch=launch)
     assert launch["kernel"].startswith("mlx_fp4_gather_gemm") and launch["grid"] == f"2 {(pairs + 63) // 64}"
     bad = np.zeros(pairs, bool)
     bad[[70, pairs - 2, pairs - 1]] = True

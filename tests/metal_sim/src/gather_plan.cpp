@@ -30,11 +30,11 @@ int main(int argc, char** argv) {
   fp4::GatherW4A16Problem g{};
   fp4::W4A16Problem& p = g.mm;
   // Scalar keys and where they go (ints of several widths: read as int64, then stored).
-  int64_t multiplier_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0, sorted = 0, force = 0;
+  int64_t global_scale_per_expert = 0, x_dtype = 0, out_dtype = 0, has_gs = 0, mode = 0, sorted = 0, force = 0;
   const std::map<std::string, int64_t*> fields = {
       {"pairs", &g.pairs}, {"x_batches", &g.x_batches}, {"experts", &g.experts}, {"m", &p.m}, {"n", &p.n},
       {"k", &p.k}, {"w_row_bytes", &p.w_row_bytes}, {"scale_row_bytes", &p.scale_row_bytes},
-      {"per_expert", &multiplier_per_expert}, {"x_dtype", &x_dtype}, {"out_dtype", &out_dtype},
+      {"per_expert", &global_scale_per_expert}, {"x_dtype", &x_dtype}, {"out_dtype", &out_dtype},
       {"has_gs", &has_gs}, {"mode", &mode}, {"sorted", &sorted}, {"force", &force}};
   std::string key;
   while (spec >> key) {
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  g.multiplier_per_expert = int(multiplier_per_expert);
+  g.global_scale_per_expert = int(global_scale_per_expert);
   g.sorted_rhs = int(sorted);
   p.x_dtype = int(x_dtype);
   p.out_dtype = int(out_dtype);
