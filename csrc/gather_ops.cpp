@@ -113,6 +113,16 @@ mx::array canonical_indices(const mx::array& idx, const char* arg, const char* o
       }
     }
   }
+  if (idx.itemsize() == 8) {
+    // A lazy 64-bit index past uint32 would wrap in the cast (2^32 + 1 -> expert 1). Any value out of
+    // [0, 2^32 - 1) maps to 2^32 - 1 instead, which every kernel treats as out of range: a NaN row.
+    // Nodes only for 64-bit indices; mlx-lm's routing gives uint32.
+    const auto bad = mx::array(static_cast<uint32_t>(UINT32_MAX));
+    const auto wide = mx::astype(idx, mx::int64, s);
+    const auto ok = mx::logical_and(mx::greater_equal(wide, mx::array(int64_t{0}), s),
+                                    mx::less(wide, mx::array(int64_t{UINT32_MAX}), s), s);
+    return mx::where(ok, mx::astype(idx, mx::uint32, s), bad, s);
+  }
   return mx::astype(idx, mx::uint32, s);
 }
 

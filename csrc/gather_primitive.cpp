@@ -41,7 +41,24 @@ bool GatherW4A16Matmul::is_equivalent(const mx::Primitive& other) const {
          mode_ == o.mode_ && same_epilogue_chain(ops_, operand_kinds_, o.ops_, o.operand_kinds_);
 }
 
+// As the dense op (check_eval_shapes), plus the indices: one shape, uint32 (what the op made).
+static void check_gather_eval_shapes(const std::vector<mx::array>& inputs, int mode, bool has_global_scale) {
+  const auto& w = inputs[kGatherW];
+  const int64_t experts = w.ndim() >= 2 ? static_cast<int64_t>(w.size() / (w.shape(-1) * w.shape(-2))) : 0;
+  check_eval_shapes("gather_w4a16_matmul", inputs[kGatherX], w, inputs[kGatherScales], mode,
+                    has_global_scale ? &inputs[kGatherFirstOptional] : nullptr, experts);
+  const auto& lhs = inputs[kGatherLhs];
+  const auto& rhs = inputs[kGatherRhs];
+  if (inputs[kGatherX].ndim() < 2 || lhs.shape() != rhs.shape() || lhs.dtype() != mx::uint32 ||
+      rhs.dtype() != mx::uint32) {
+    throw std::invalid_argument(
+        "[gather_w4a16_matmul] x must be [..., M, K] and lhs/rhs indices uint32 of one shape when the graph "
+        "runs (the inputs changed after the op was built, e.g. under mx.compile(shapeless=True)).");
+  }
+}
+
 std::vector<mx::Shape> GatherW4A16Matmul::output_shapes(const std::vector<mx::array>& inputs) {
+  check_gather_eval_shapes(inputs, mode_, has_global_scale_);
   mx::Shape shape = inputs[kGatherLhs].shape();
   shape.push_back(inputs[kGatherX].shape(-2));
   shape.push_back(inputs[kGatherW].shape(-2));
@@ -49,6 +66,7 @@ std::vector<mx::Shape> GatherW4A16Matmul::output_shapes(const std::vector<mx::ar
 }
 
 fp4::GatherW4A16Problem GatherW4A16Matmul::problem(const std::vector<mx::array>& inputs, const mx::array& out) const {
+  check_gather_eval_shapes(inputs, mode_, has_global_scale_);
   const auto& x = inputs[kGatherX];
   const auto& w = inputs[kGatherW];
   fp4::GatherW4A16Problem g{};

@@ -46,13 +46,54 @@ bool W4A16Matmul::is_equivalent(const mx::Primitive& other) const {
          same_epilogue_chain(ops_, operand_kinds_, o.ops_, o.operand_kinds_);
 }
 
+// The shapes the kernels read, checked again when the graph runs: mx.compile(shapeless=True) hands
+// a node inputs of other shapes than the op validated, and a larger K would read past w's rows.
+void check_eval_shapes(const char* op, const mx::array& x, const mx::array& w, const mx::array& scales, int mode,
+                       const mx::array* global_scale, int64_t global_scales) {
+  const auto fail = [op](const std::string& what) {
+    throw std::invalid_argument(std::string("[") + op + "] " + what +
+                                " (the inputs changed shape after the op was built, e.g. under "
+                                "mx.compile(shapeless=True), which cannot change K, N or the weights).");
+  };
+  if (x.ndim() < 1 || w.ndim() < 2 || scales.ndim() != w.ndim()) fail("x must be [..., K], w and scales [..., N, *]");
+  const int64_t k = x.shape(-1);
+  const int64_t n = w.shape(-2);
+  const int64_t row_bytes = w.shape(-1) * static_cast<int64_t>(w.itemsize());
+  // uint8 rows hold ceil(K/2) bytes or, as the bytes of MLX's uint32 words, 4 * ceil(K/8).
+  const int64_t word_bytes = 4 * ((k + 7) / 8);
+  const int64_t want_bytes = w.itemsize() == 4 ? word_bytes : (k + 1) / 2;
+  if (k < 1 || (row_bytes != want_bytes && row_bytes != word_bytes)) {
+    fail("x has K = " + std::to_string(k) + " but w's rows hold " + std::to_string(row_bytes) + " bytes, expected " +
+         std::to_string(want_bytes));
+  }
+  const int64_t block = fp4::block_size(mode);
+  const int64_t blocks = (k + block - 1) / block;
+  mx::Shape want_scales = w.shape();
+  want_scales.back() = static_cast<int>(blocks);
+  if (scales.shape() != want_scales) {
+    fail("scales must be [..., N, ceil(K/" + std::to_string(block) + ")] with N = " + std::to_string(n) +
+         ", ceil(K/" + std::to_string(block) + ") = " + std::to_string(blocks) + " for K = " + std::to_string(k));
+  }
+  if (global_scale && global_scale->size() != 1 && static_cast<int64_t>(global_scale->size()) != global_scales) {
+    fail("global_scale must hold 1 or " + std::to_string(global_scales) + " values but holds " +
+         std::to_string(global_scale->size()));
+  }
+}
+
+void W4A16Matmul::check_input_shapes(const std::vector<mx::array>& inputs) const {
+  check_eval_shapes("w4a16_matmul", inputs[kInputX], inputs[kInputW], inputs[kInputScales], mode_,
+                    has_global_scale_ ? &inputs[kInputFirstOptional] : nullptr, 1);
+}
+
 std::vector<mx::Shape> W4A16Matmul::output_shapes(const std::vector<mx::array>& inputs) {
+  check_input_shapes(inputs);
   mx::Shape shape = inputs[kInputX].shape();
   shape.back() = inputs[kInputW].shape(0);
   return {shape};
 }
 
 fp4::W4A16Problem W4A16Matmul::problem(const std::vector<mx::array>& inputs, const mx::array& out) const {
+  check_input_shapes(inputs);
   const auto& x = inputs[kInputX];
   fp4::W4A16Problem p{};
   p.k = x.shape(-1);

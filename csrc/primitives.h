@@ -18,6 +18,11 @@ enum W4A16Input : int { kInputX = 0, kInputW = 1, kInputScales = 2, kInputFirstO
 bool same_epilogue_chain(const std::vector<fp4::EpilogueOp>& a, const std::vector<int>& a_kinds,
                          const std::vector<fp4::EpilogueOp>& b, const std::vector<int>& b_kinds);
 
+// Throws std::invalid_argument naming `op` unless x's K, w's rows ([..., N, bytes]), the scales
+// ([..., N, ceil(K/block)]) and the global scale (1 or `global_scales` values) agree: run at eval.
+void check_eval_shapes(const char* op, const mx::array& x, const mx::array& w, const mx::array& scales, int mode,
+                       const mx::array* global_scale, int64_t global_scales);
+
 class W4A16Matmul : public mx::Primitive {
  public:
   W4A16Matmul(
@@ -47,7 +52,9 @@ class W4A16Matmul : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
-  // The problem for these inputs and output; every backend launches from it.
+  // Throws std::invalid_argument unless K, N, the weight rows, the scales and the global scale agree.
+  void check_input_shapes(const std::vector<mx::array>& inputs) const;
+  // The problem for these inputs and output (shapes checked); every backend launches from it.
   fp4::W4A16Problem problem(const std::vector<mx::array>& inputs, const mx::array& out) const;
 
   mx::Dtype out_dtype() const { return out_dtype_; }

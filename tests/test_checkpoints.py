@@ -341,12 +341,14 @@ def test_config_errors(tmp_path, data):
 
 
 def test_compressed_tensors_without_global_scale(tmp_path, data):
+    """nvfp4-pack-quantized always carries weight_global_scale: a layer without it would decode
+    2688 / global_scale times too large, so it is an error, not "no global scale"."""
     def mutate(t):
         for p in LAYERS:
             del t[f"{p}.weight_global_scale"]
 
-    w = load_nvfp4(write_ct(tmp_path / "ct", data, mutate=mutate))
-    assert not any(k.endswith("global_scale") for k in w)
+    with pytest.raises(ValueError, match=r"weight_global_scale is missing"):
+        load_nvfp4(write_ct(tmp_path / "ct", data, mutate=mutate))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ in MLX's convention, the amax). See ``mlx_fp4.checkpoints`` for the table.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -32,6 +33,16 @@ _CT_FORMAT = "nvfp4-pack-quantized"
 _MODELOPT_ALGOS = ("NVFP4", "W4A16_NVFP4", "MIXED_PRECISION")
 
 
+def _patterns(q: dict, field: str) -> list:
+    """A pattern list of the quantization config; one string is one pattern (not its characters)."""
+    v = q.get(field) or []
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) for p in v):
+        raise load_error(f"quantization config field {field!r} expected a list of patterns but got {v!r}.")
+    return list(v)
+
+
 def quant_info(cfgs: dict) -> dict:
     """Normalise the quantization metadata: method and ignore patterns."""
     info = {"method": None, "ignore": []}
@@ -40,11 +51,15 @@ def quant_info(cfgs: dict) -> dict:
     qc = config.get("quantization_config")
     if qc is None:
         qc = (config.get("text_config") or {}).get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        raise load_error(f"config.json field 'quantization_config' expected an object but got {type(qc).__name__}.")
     if hf is not None:
         q = hf.get("quantization", hf)
+        if not isinstance(q, dict):
+            raise load_error(f"hf_quant_config.json field 'quantization' expected an object but got {type(q).__name__}.")
         info["method"] = "modelopt"
         info["algo"] = q.get("quant_algo")
-        info["ignore"] = list(q.get("exclude_modules") or []) + list(q.get("ignore") or [])
+        info["ignore"] = _patterns(q, "exclude_modules") + _patterns(q, "ignore")
         info["group_size"] = q.get("group_size", GROUP_SIZE)
     elif isinstance(qc, dict) and qc.get("quant_method") is not None:
         method = qc["quant_method"]
@@ -54,10 +69,10 @@ def quant_info(cfgs: dict) -> dict:
         if method == "modelopt":
             q = qc.get("quantization", qc)
             info["algo"] = q.get("quant_algo")
-            info["ignore"] = list(q.get("ignore") or []) + list(q.get("exclude_modules") or [])
+            info["ignore"] = _patterns(q, "ignore") + _patterns(q, "exclude_modules")
             info["group_size"] = q.get("group_size", GROUP_SIZE)
         elif method == "compressed-tensors":
-            info["ignore"] = list(qc.get("ignore") or [])
+            info["ignore"] = _patterns(qc, "ignore")
             fmt = qc.get("format")
             groups = qc.get("config_groups") or {}
             fmts = {fmt} | {g.get("format") for g in groups.values() if isinstance(g, dict)}
@@ -97,7 +112,11 @@ def match_pattern(name: str, patterns: Iterable[str]) -> Optional[str]:
         if not isinstance(pat, str):
             continue
         if pat.startswith("re:"):
-            if re.match(pat[3:], name):
+            try:
+                hit = re.match(pat[3:], name)
+            except re.error as e:
+                raise load_error(f"quantization config pattern {pat!r} is not a valid regular expression: {e}.") from None
+            if hit:
                 return pat
         elif fnmatch.fnmatchcase(name, pat):
             return pat
@@ -122,9 +141,15 @@ def _check_block_scales(p: str, name: str, s: mx.array, n: int, k: int, wname: s
 
 
 def _scalar(p: str, name: str, t: mx.array) -> mx.array:
-    if t.size != 1 or not mx.issubdtype(t.dtype, mx.floating):
+    """A per-tensor scale: one float, finite and > 0 (NaN/inf gave NaN logits, 0 a zero layer and a
+    negative one a sign-flipped layer, all silently)."""
+    if t.size != 1 or t.ndim > 1 or not mx.issubdtype(t.dtype, mx.floating):
         raise load_error(f"{p}.{name} expected a float32 scalar ([] or [1]) but got {describe(t)}.")
-    return t.reshape(()).astype(mx.float32)
+    t = t.reshape(()).astype(mx.float32)
+    v = t.item()
+    if not (math.isfinite(v) and v > 0):
+        raise load_error(f"{p}.{name} expected a finite value > 0 but got {v}.")
+    return t
 
 
 def from_modelopt(p, w, get):
@@ -132,9 +157,8 @@ def from_modelopt(p, w, get):
     s = get("weight_scale")
     _check_block_scales(p, "weight_scale", s, n, k, "weight")
     out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
-    ws2 = get("weight_scale_2", None)
-    if ws2 is not None:
-        out[f"{p}.global_scale"] = global_scale_from_multiplier(_scalar(p, "weight_scale_2", ws2))
+    # ModelOpt's NVFP4 always writes the per-tensor scale: without it the layer would decode wrong.
+    out[f"{p}.global_scale"] = global_scale_from_multiplier(_scalar(p, "weight_scale_2", get("weight_scale_2")))
     return out
 
 
@@ -148,9 +172,9 @@ def from_compressed_tensors(p, w, get):
         if got != [n, k]:
             raise load_error(f"{p}.weight_shape expected [{n}, {k}] but got {got}.")
     out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
-    g = get("weight_global_scale", None)
-    if g is not None:
-        out[f"{p}.global_scale"] = global_scale_from_divisor(_scalar(p, "weight_global_scale", g))
+    # compressed-tensors' nvfp4 always writes the global scale: without it the layer would decode wrong.
+    g = get("weight_global_scale")
+    out[f"{p}.global_scale"] = global_scale_from_divisor(_scalar(p, "weight_global_scale", g))
     return out
 
 

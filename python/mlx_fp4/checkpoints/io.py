@@ -48,10 +48,34 @@ class NVFP4Weights(dict):
 
 
 def _read_json(path: Path) -> Optional[dict]:
-    if path.is_file():
+    """A config file's object, None when absent; malformed JSON or a non-object is a clear error."""
+    if not path.is_file():
+        return None
+    try:
         with open(path) as f:
-            return json.load(f)
-    return None
+            obj = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise load_error(f"{path} is not valid JSON: {e}.") from None
+    if not isinstance(obj, dict):
+        raise load_error(f"{path} expected a JSON object but holds {type(obj).__name__}.")
+    return obj
+
+
+def _weight_map_files(weight_map, index_path: Path) -> List[str]:
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise load_error(f"{index_path} field 'weight_map' expected an object of tensor name -> file name "
+                         f"but got {type(weight_map).__name__}.")
+    return sorted(set(weight_map.values()))
+
+
+def _inside(folder: Path, name: str, index_path: Path) -> Path:
+    """A file an index names, resolved inside the folder: an absolute or '..' path is an error, so a
+    checkpoint cannot make the loader read elsewhere."""
+    root = folder.resolve()
+    target = (folder / name).resolve()
+    if Path(name).is_absolute() or (target != root and root not in target.parents):
+        raise load_error(f"{index_path} names {name!r}, which is outside the checkpoint folder {folder}.")
+    return target
 
 
 def read_configs(folder: Path) -> dict:
@@ -85,10 +109,10 @@ def _read_source(source) -> Tuple[dict, dict, dict]:
         weights, _ = _load_file(path)
         return weights, read_configs(path.parent)
     if path.is_dir():
-        index = _read_json(path / "model.safetensors.index.json")
+        index_path = path / "model.safetensors.index.json"
+        index = _read_json(index_path)
         if index is not None and "weight_map" in index:
-            files = sorted(set(index["weight_map"].values()))
-            files = [path / f for f in files]
+            files = [_inside(path, f, index_path) for f in _weight_map_files(index["weight_map"], index_path)]
         else:
             files = sorted(Path(p) for p in glob.glob(str(path / "*.safetensors")))
         if not files:

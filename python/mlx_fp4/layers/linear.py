@@ -247,6 +247,12 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
 
     # -- math ----------------------------------------------------------------
     def __call__(self, x: mx.array) -> mx.array:
+        # The op accepts any x that fills the same words and blocks (K = 57 on a K = 64 weight);
+        # the layer knows its input features and refuses such x, as nn.QuantizedLinear does.
+        if x.ndim == 0 or x.shape[-1] != self.input_dims:
+            raise ValueError(
+                f"[FP4Linear] x's last dimension expected input_dims = {self.input_dims} but got shape {x.shape}."
+            )
         bias = self.get("bias")
         if bias is None:
             return ops.w4a16_matmul(

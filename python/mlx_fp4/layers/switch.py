@@ -180,6 +180,10 @@ class FP4SwitchLinear(nn.Module):
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False, epilogue=None) -> mx.array:
         """mlx-lm's call; ``epilogue``: more ops for the fused chain, after the expert bias."""
+        if x.ndim == 0 or x.shape[-1] != self.input_dims:
+            raise ValueError(
+                f"[FP4SwitchLinear] x's last dimension expected input_dims = {self.input_dims} but got shape {x.shape}."
+            )
         if "bias" in self:
             epilogue = [("add", mx.expand_dims(self["bias"][indices], -2))] + list(epilogue or [])
         return ops.gather_w4a16_matmul(
