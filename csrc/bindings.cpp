@@ -48,15 +48,15 @@ const std::string& checked_mode(const std::string& mode, std::optional<int> grou
   return mode;
 }
 
-float as_float(nb::handle h, const std::string& where) {
+float as_float(nb::handle h, const std::string& where, const char* op) {
   if (nb::isinstance<nb::float_>(h) || nb::isinstance<nb::int_>(h)) {
     return nb::cast<float>(h);
   }
-  mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " must be a Python float but got ",
+  mlx_fp4::throw_invalid("[", op, "] ", where, " must be a Python float but got ",
                          nb::cast<std::string>(nb::str(h.type())), ".");
 }
 
-mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
+mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index, const char* op) {
   const std::string where = "epilogue[" + std::to_string(index) + "]";
   nb::handle name_obj;
   std::vector<nb::handle> args;
@@ -66,13 +66,13 @@ mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
     nb::sequence seq = nb::borrow<nb::sequence>(item);
     size_t len = nb::len(seq);
     if (len == 0 || !nb::isinstance<nb::str>(seq[0])) {
-      mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " must be a name or a (name, operand...) tuple but got ",
+      mlx_fp4::throw_invalid("[", op, "] ", where, " must be a name or a (name, operand...) tuple but got ",
                              nb::cast<std::string>(nb::repr(item)), ".");
     }
     name_obj = seq[0];
     for (size_t i = 1; i < len; ++i) args.push_back(seq[i]);
   } else {
-    mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " must be a name or a (name, operand...) tuple but got ",
+    mlx_fp4::throw_invalid("[", op, "] ", where, " must be a name or a (name, operand...) tuple but got ",
                            nb::cast<std::string>(nb::str(item.type())), ".");
   }
   const std::string name = nb::cast<std::string>(name_obj);
@@ -83,12 +83,12 @@ mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
     if (name == e.name) found = &e;
   }
   if (!found) {
-    mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " has unknown op '", name, "'; expected one of ", known, ".");
+    mlx_fp4::throw_invalid("[", op, "] ", where, " has unknown op '", name, "'; expected one of ", known, ".");
   }
   const size_t expected = found->args == mlx_fp4::EpilogueArgs::kNone ? 0
                         : found->args == mlx_fp4::EpilogueArgs::kTwoFloats ? 2 : 1;
   if (args.size() != expected) {
-    mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " ('", name, "') expected ", expected,
+    mlx_fp4::throw_invalid("[", op, "] ", where, " ('", name, "') expected ", expected,
                            " argument(s) but got ", args.size(), ".");
   }
   mlx_fp4::EpilogueSpec spec{found->code, std::nullopt, 0.0f, 0.0f};
@@ -97,20 +97,24 @@ mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
     case mlx_fp4::EpilogueArgs::kOperandOrFloat:
       if (nb::isinstance<mx::array>(args[0])) {
         spec.operand = nb::cast<mx::array>(args[0]);
+        if (mx::issubdtype(spec.operand->dtype(), mx::complexfloating)) {
+          // The chain runs in fp32: a complex operand would silently lose its imaginary part.
+          mlx_fp4::throw_invalid("[", op, "] ", where, " operand must be a real array but got dtype complex64.");
+        }
       } else {
         if (!nb::isinstance<nb::float_>(args[0]) && !nb::isinstance<nb::int_>(args[0])) {
-          mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " operand must be an mx.array or a Python float but got ",
+          mlx_fp4::throw_invalid("[", op, "] ", where, " operand must be an mx.array or a Python float but got ",
                                  nb::cast<std::string>(nb::str(args[0].type())), ".");
         }
         spec.p0 = nb::cast<float>(args[0]);
       }
       break;
-    case mlx_fp4::EpilogueArgs::kFloat: spec.p0 = as_float(args[0], where + " constant"); break;
+    case mlx_fp4::EpilogueArgs::kFloat: spec.p0 = as_float(args[0], where + " constant", op); break;
     case mlx_fp4::EpilogueArgs::kTwoFloats:
-      spec.p0 = as_float(args[0], where + " lo");
-      spec.p1 = as_float(args[1], where + " hi");
+      spec.p0 = as_float(args[0], where + " lo", op);
+      spec.p1 = as_float(args[1], where + " hi", op);
       if (!(spec.p0 <= spec.p1)) {
-        mlx_fp4::throw_invalid("[w4a16_matmul] ", where, " clamp expects lo <= hi but got lo = ", spec.p0,
+        mlx_fp4::throw_invalid("[", op, "] ", where, " clamp expects lo <= hi but got lo = ", spec.p0,
                                ", hi = ", spec.p1, ".");
       }
       break;
@@ -118,15 +122,20 @@ mlx_fp4::EpilogueSpec parse_op(nb::handle item, size_t index) {
   return spec;
 }
 
-std::vector<mlx_fp4::EpilogueSpec> parse_epilogue(const std::optional<nb::object>& epilogue) {
+std::vector<mlx_fp4::EpilogueSpec> parse_epilogue(const std::optional<nb::object>& epilogue, const char* op) {
   std::vector<mlx_fp4::EpilogueSpec> specs;
   if (!epilogue || epilogue->is_none()) return specs;
   if (nb::isinstance<nb::str>(*epilogue) || !(nb::isinstance<nb::list>(*epilogue) || nb::isinstance<nb::tuple>(*epilogue))) {
-    mlx_fp4::throw_invalid("[w4a16_matmul] epilogue must be a list of ops, e.g. [(\"add\", bias), \"silu\"], but got ",
+    mlx_fp4::throw_invalid("[", op, "] epilogue must be a list of ops, e.g. [(\"add\", bias), \"silu\"], but got ",
                            nb::cast<std::string>(nb::repr(*epilogue)), ".");
   }
+  // The length first: a list of millions of ops was parsed (seconds, GBs) before being refused.
+  const size_t n = nb::len(*epilogue);
+  if (n > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
+    mlx_fp4::throw_invalid("[", op, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ", n, ".");
+  }
   size_t i = 0;
-  for (nb::handle item : *epilogue) specs.push_back(parse_op(item, i++));
+  for (nb::handle item : *epilogue) specs.push_back(parse_op(item, i++, op));
   return specs;
 }
 
@@ -141,7 +150,7 @@ NB_MODULE(_ext, m) {
          const std::optional<nb::object>& epilogue, std::optional<mx::Dtype> out_dtype, std::optional<int> group_size,
          std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
         return mlx_fp4::w4a16_matmul(x, w, scales, parse_global_scale(global_scale, "w4a16_matmul"),
-                                     parse_epilogue(epilogue), out_dtype,
+                                     parse_epilogue(epilogue, "w4a16_matmul"), out_dtype,
                                      checked_mode(mode, group_size, bits, "w4a16_matmul"), s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
@@ -184,7 +193,7 @@ Returns:
          mx::StreamOrDevice s) {
         return mlx_fp4::w4a16_matmul_reference_ops(x, w, scales,
                                                    parse_global_scale(global_scale, "w4a16_matmul_reference_ops"),
-                                                   parse_epilogue(epilogue), out_dtype, mode, s);
+                                                   parse_epilogue(epilogue, "w4a16_matmul"), out_dtype, mode, s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "global_scale"_a = nb::none(), "epilogue"_a = nb::none(),
       "out_dtype"_a = nb::none(), "mode"_a = "nvfp4", "stream"_a = nb::none(),
@@ -202,7 +211,7 @@ Returns:
          std::optional<int> group_size, std::optional<int> bits, const std::string& mode, mx::StreamOrDevice s) {
         return mlx_fp4::gather_w4a16_matmul(x, w, scales, lhs_indices, rhs_indices,
                                             parse_global_scale(global_scale, "gather_w4a16_matmul"),
-                                            parse_epilogue(epilogue), out_dtype, sorted_indices,
+                                            parse_epilogue(epilogue, "gather_w4a16_matmul"), out_dtype, sorted_indices,
                                             checked_mode(mode, group_size, bits, "gather_w4a16_matmul"), s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "lhs_indices"_a = nb::none(), "rhs_indices"_a = nb::none(),
@@ -248,7 +257,8 @@ Returns:
          mx::StreamOrDevice s) {
         return mlx_fp4::gather_w4a16_matmul_reference_ops(
             x, w, scales, lhs_indices, rhs_indices,
-            parse_global_scale(global_scale, "gather_w4a16_matmul_reference_ops"), parse_epilogue(epilogue),
+            parse_global_scale(global_scale, "gather_w4a16_matmul_reference_ops"),
+            parse_epilogue(epilogue, "gather_w4a16_matmul"),
             out_dtype, mode, s);
       },
       "x"_a, "w"_a, "scales"_a, nb::kw_only(), "lhs_indices"_a = nb::none(), "rhs_indices"_a = nb::none(),

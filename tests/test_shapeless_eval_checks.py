@@ -93,3 +93,19 @@ def test_gather_lazy_int64_out_of_range_is_nan(side, bad):
     for fn in (f, mx.compile(f)):
         out = np.array(fn(shift))
         assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+
+
+def test_epilogue_checks_name_the_op():
+    """Length before parsing (a 3e7-op list took 17 s and 1.5 GB), complex operands refused (the
+    imaginary part was dropped), and the gathered op's errors say gather_w4a16_matmul."""
+    w, s = _weights()
+    x = mx.ones((1, K))
+    huge = ["relu"] * 10_000_000
+    with pytest.raises(ValueError, match=r"\[w4a16_matmul\] epilogue must have at most 8 ops but got 10000000"):
+        mx_fp4.w4a16_matmul(x, w, s, epilogue=huge)
+    with pytest.raises(ValueError, match=r"\[w4a16_matmul\] epilogue\[0\] operand must be a real array"):
+        mx_fp4.w4a16_matmul(x, w, s, epilogue=[("add", mx.zeros((N,), mx.complex64))])
+    gw = mx.expand_dims(w, 0)
+    gsc = mx.expand_dims(s, 0)
+    with pytest.raises(ValueError, match=r"\[gather_w4a16_matmul\] epilogue\[0\] has unknown op"):
+        mx_fp4.gather_w4a16_matmul(x, gw, gsc, epilogue=["nope"])
