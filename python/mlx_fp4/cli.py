@@ -1,7 +1,8 @@
 """``mlx-fp4`` (also ``python -m mlx_fp4``): convert / generate / bench.
 
-* ``convert``: a float, ModelOpt, compressed-tensors or MLX-nvfp4 folder (or Hugging Face repo)
-  -> an MLX folder with FP4 layers (options as ``mlx_lm.convert``'s, nvfp4 only);
+* ``convert``: a float, ModelOpt, compressed-tensors or MLX-nvfp4 folder (or Hugging Face repo),
+  or a Llama-family ``.gguf`` file (dequantized first, docs/gguf.md) -> an MLX folder with FP4
+  layers (options as ``mlx_lm.convert``'s, nvfp4 only);
 * ``generate``: mlx-lm's generation loop on our layers; prints the text, tokens/s and peak
   memory as ``mlx_lm.generate`` does;
 * ``bench``: ``python -m mlx_fp4.bench`` with the same arguments.
@@ -21,6 +22,7 @@ from . import convert as _convert
 from . import formats
 from .bench import __main__ as _bench
 from .checkpoints import load, save_nvfp4
+from .checkpoints.gguf import is_gguf, load_gguf
 from .layers import fuse_swiglu
 
 PREDICATES = ("all", "skip-lm-head")
@@ -67,9 +69,12 @@ def cmd_convert(args) -> int:
     predicate = _predicate(args.quant_predicate)
     from mlx_lm import utils as lm
 
-    source = lm._download(args.hf_path)
-    print(f"[INFO] Loading {source}")
-    model, _, config = load(str(source), return_config=True, lazy=True)
+    print(f"[INFO] Loading {args.hf_path}")
+    if is_gguf(args.hf_path):  # a GGUF file: its layers dequantized (bf16), then quantized as a float source
+        model, source, config = load_gguf(args.hf_path, dequantize=True, lazy=True, return_config=True)
+    else:
+        source = lm._download(args.hf_path)
+        model, _, config = load(str(source), return_config=True, lazy=True)
     dtype = args.dtype or config.get("torch_dtype")
     if dtype in DTYPES:
         _cast(model, dtype)
@@ -112,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("convert", help="a float / ModelOpt / compressed-tensors / MLX folder -> an MLX NVFP4 folder",
                        description="Options as mlx_lm.convert's, NVFP4 only.")
-    c.add_argument("--hf-path", "--model", required=True, help="local folder or Hugging Face repo")
+    c.add_argument("--hf-path", "--model", required=True, help="local folder, Hugging Face repo or .gguf file")
     c.add_argument("--mlx-path", default="mlx_model", help="output folder (default: mlx_model)")
     c.add_argument("-q", "--quantize", action="store_true", help="quantize the float linear layers to NVFP4")
     c.add_argument("--q-group-size", type=int, default=None, help="16 (nvfp4); anything else is an error")
@@ -128,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_convert)
 
     g = sub.add_parser("generate", help="generate text with mlx-lm's loop on FP4 layers")
-    g.add_argument("--model", required=True, help="local folder or Hugging Face repo (any NVFP4 dialect)")
+    g.add_argument("--model", required=True, help="local folder or Hugging Face repo (any NVFP4 dialect) or .gguf file")
     g.add_argument("--prompt", "-p", default="Hello", help="prompt text ('\\n' for newlines)")
     g.add_argument("--max-tokens", "-m", type=int, default=100)
     g.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")

@@ -15,6 +15,7 @@ from ..formats import BITS, GROUP_SIZE, MODE
 from ..layers import FP4Linear, FP4SwitchLinear, linear_kind, swap_modules, switch_kind
 from .dialects import quant_info
 from .experts import stack_experts, swap_switch_layers
+from .gguf import is_gguf, load_gguf
 from .io import NVFP4Weights, load_nvfp4, read_configs
 
 __all__ = ["load", "load_model", "load_weights"]
@@ -186,8 +187,19 @@ def load(path_or_hf_repo: str, tokenizer_config: Optional[dict] = None, model_co
          adapter_path: Optional[str] = None, lazy: bool = False, return_config: bool = False,
          revision: Optional[str] = None):
     """``mlx_lm.load`` with FP4 layers: ``(model, tokenizer)`` (``+ config`` with
-    ``return_config``) from a local folder or a Hugging Face repo, any NVFP4 dialect."""
+    ``return_config``) from a local folder or a Hugging Face repo, any NVFP4 dialect. A path
+    ending in ``.gguf`` is read by :func:`mlx_fp4.checkpoints.gguf.load_gguf` (Llama family; its
+    Q4_0/Q4_1/Q8_0 layers stay MLX affine layers: convert it to FP4 with ``mlx-fp4 convert``)."""
     from mlx_lm import utils as lm
+
+    if is_gguf(path_or_hf_repo):
+        if model_config or tokenizer_config:
+            raise ValueError("[mlx_fp4.load] model_config / tokenizer_config are not supported for GGUF files.")
+        model, tokenizer, config = load_gguf(path_or_hf_repo, lazy=lazy, return_config=True)
+        if adapter_path is not None:
+            model = lm.load_adapters(model, adapter_path)
+            model.eval()
+        return (model, tokenizer, config) if return_config else (model, tokenizer)
 
     model_path = lm._download(path_or_hf_repo, revision=revision)
     model, config = load_model(model_path, lazy, model_config=model_config)
