@@ -1,6 +1,7 @@
 """The end-to-end decode benchmark (python -m mlx_fp4.bench decode) on a CI-sized Llama on the CPU:
-every variant runs in its own process, reports positive tok/s, and ours decodes the same greedy
-tokens as MLX's nvfp4 layers on the same bytes."""
+every variant runs in its own process, reports positive tok/s and its graph nodes per decode step,
+FP4Linear on MLX nvfp4's bytes decodes the same greedy tokens as MLX's nvfp4 layers, and the default
+path (mlx_fp4.nn.quantize of the dense model) reads those bytes plus its global scales."""
 
 import json
 import sys
@@ -41,10 +42,42 @@ def test_tiny_decode_all_variants(tiny_doc):
         assert len(v["tokens"]) == 6
     q = point["variants"]["mlx_nvfp4"]
     assert point["variants"]["dense"]["weight_bytes_per_step"] > 3 * q["weight_bytes_per_step"]
-    for name in decode.OURS:
+    # affine 4-bit at group 64 (bf16 scale + bias) reads as many bytes as nvfp4 (E4M3 scale per 16)
+    assert point["variants"]["affine4"]["weight_bytes_per_step"] == q["weight_bytes_per_step"]
+    same = point["variants"]["fp4_same_bytes"]
+    assert same["weight_bytes_per_step"] == q["weight_bytes_per_step"]  # the very bytes
+    assert same["first_token_difference_vs_mlx_nvfp4"] is None
+    assert same["notes"]["quantize"]["with_global_scale"] == 0
+    linears = 7 * 2 + 1
+    for name in ("fp4", "fp4_fused", "fp4_qkv"):  # the default path: a float32 global scale where it helps
         v = point["variants"][name]
-        assert v["weight_bytes_per_step"] == q["weight_bytes_per_step"]  # the same bytes
-        assert v["first_token_difference_vs_mlx_nvfp4"] is None, name
+        gs = v["notes"]["quantize"]["with_global_scale"]
+        assert v["notes"]["quantize"]["converted"] == linears and 0 <= gs <= linears, name
+        extra = v["weight_bytes_per_step"] - q["weight_bytes_per_step"]  # fused QKV: one scale for three
+        assert (extra == 4 * gs) if name != "fp4_qkv" else (0 <= extra <= 4 * gs), name
+        # not MLX's bytes where a global scale was kept: greedy tokens may part from MLX nvfp4's
+        assert "step" in v["vs_mlx_nvfp4"], name
+
+
+def test_every_variant_reports_nodes_per_step(tiny_doc):
+    """nodes per decode step (and per layer) in the JSON of every variant and in the summary table,
+    with decode ratios to both references (MLX nvfp4, MLX affine 4-bit)."""
+    (point,) = tiny_doc["points"]
+    md = tiny_doc["md_text"]
+    assert tiny_doc["variants"] == {v: decode.LABELS[v] for v in tiny_doc["config"]["variants"]}
+    for name, e in point["variants"].items():
+        assert e["nodes_per_step"] == e["graph"]["step"]["nodes"] > 0, name
+        assert e["nodes_per_layer"] == e["graph"]["nodes_per_layer"] > 0, name
+        row = next(ln for ln in md.splitlines() if ln.startswith(f"| 2 | {decode.LABELS[name]} | ")
+                   and ln.endswith(f" | {e['nodes_per_step']} | {e['nodes_per_layer']} | "
+                                   f"{e['weight_bytes_per_step'] / 1e6:.4g} |"))
+        for ref in decode.REFERENCES:
+            if name == ref:
+                assert f"decode_x_{ref}" not in e
+                continue
+            x = e["decode_tok_s"]["median"] / point["variants"][ref]["decode_tok_s"]["median"]
+            assert e[f"decode_x_{ref}"] == pytest.approx(x), (name, ref)
+            assert f"{x:.2f}x" in row, (name, ref)
 
 
 def test_prefill_table(tiny_doc):
@@ -143,6 +176,8 @@ def test_bad_arguments_are_rejected():
         decode.main(["--preset", "tiny-moe", "--variants", "floor", "--device", "cpu"])
     with pytest.raises(SystemExit, match="expert layers"):  # nothing to replace in a dense model
         decode.main(["--preset", "tiny", "--variants", decode.EXPERT_FLOOR, "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--layers expected 30 for the smollm2 preset"):  # a real checkpoint
+        decode.main(["--preset", "smollm2", "--layers", "2", "--device", "cpu"])
 
 
 def test_floor_variant_has_one_node_per_linear(tiny_doc):
@@ -238,8 +273,30 @@ def test_floor_switch_glu_is_one_node_of_the_experts_shape():
 
 
 def _tiny_fp4(fused_qkv: bool):
-    model, notes = decode.build_model("tiny", 2, "fp4_qkv" if fused_qkv else "fp4_fused", seed=3)
+    """The tiny Llama on MLX nvfp4's bytes (no global scales: every QKV block fuses), SwiGLU fused,
+    and QKV fused when asked."""
+    from mlx_fp4 import nn as fnn
+    from mlx_fp4.bench.decode_qkv import fuse_qkv
+
+    model, notes = decode.build_model("tiny", 2, "fp4_same_bytes", seed=3)
+    fnn.fuse_swiglu(model)
+    if fused_qkv:
+        notes["qkv"] = fuse_qkv(model)
     return model, notes
+
+
+def test_default_path_qkv_leaves_blocks_with_unequal_global_scales():
+    """fp4_qkv builds on mlx_fp4.nn.quantize's default (global_scale="auto"): a block whose q/k/v got
+    different global scales stays three FP4Linear, and the notes name it."""
+    model, notes = decode.build_model("tiny", 2, "fp4_qkv", seed=3)
+    assert notes["quantize"]["with_global_scale"] > 0  # this seed: some layers keep a global scale
+    qkv = notes["qkv"]
+    assert qkv["fused"] + len(qkv["left_unfused"]) == 2
+    for path in qkv["left_unfused"]:
+        attn = dict(model.named_modules())[path]
+        gs = [getattr(attn, p).get("global_scale") for p in ("q_proj", "k_proj", "v_proj")]
+        scales = {None if g is None else float(g.item()) for g in gs}
+        assert len(scales) > 1, path
 
 
 def test_fused_variant_fuses_dense_and_expert_swiglu():
@@ -318,7 +375,7 @@ def test_interleaved_variants_share_a_process_and_pair_their_rounds(tmp_path):
     """--interleave: every variant of a point in one worker process, each round timing each variant
     once (round r starting at variant r mod n), the same greedy tokens and bytes as separate
     processes would give, and the paired ratio = per-round ratios to MLX nvfp4 from the raw runs."""
-    variants = ["mlx_nvfp4", "fp4", decode.EXPERT_FLOOR]
+    variants = ["mlx_nvfp4", "affine4", "fp4", decode.EXPERT_FLOOR]
     repeats = 3
     rc = decode.main(["--preset", "tiny-moe", "--layers", "2", "--variants", *variants, "--prompt", "6",
                       "--tokens", "6", "--repeats", str(repeats), "--device", "cpu", "--interleave",
@@ -344,13 +401,21 @@ def test_interleaved_variants_share_a_process_and_pair_their_rounds(tmp_path):
     diff = point["variants"]["fp4"]["vs_mlx_nvfp4"]
     assert diff["step"] is None or (diff["ours_is_reference_second_choice"] and diff["reference_top2_gap"] == 0)
     ref = {run["round"]: run["decode_tok_s"] for run in by["mlx_nvfp4"]["runs"]}
-    for v in ("fp4", decode.EXPERT_FLOOR):
-        want = sorted(run["decode_tok_s"] / ref[run["round"]] for run in by[v]["runs"])
-        got = point["variants"][v]["paired_vs_mlx_nvfp4"]
-        assert got["n"] == repeats and got["min"] == pytest.approx(want[0]) and got["max"] == pytest.approx(want[-1])
-        assert got["median"] == pytest.approx(want[repeats // 2])
-        assert f"paired {got['median']:.2f}x" in md, v
-    assert "paired_vs_mlx_nvfp4" not in point["variants"]["mlx_nvfp4"]
+    for ref_name in decode.REFERENCES:
+        ref = {run["round"]: run["decode_tok_s"] for run in by[ref_name]["runs"]}
+        for v in (x for x in variants if x != ref_name):
+            want = sorted(run["decode_tok_s"] / ref[run["round"]] for run in by[v]["runs"])
+            got = point["variants"][v][f"paired_vs_{ref_name}"]
+            assert got["n"] == repeats and got["min"] == pytest.approx(want[0])
+            assert got["max"] == pytest.approx(want[-1]) and got["median"] == pytest.approx(want[repeats // 2])
+            assert f"paired {got['median']:.2f}x" in md, v
+        assert f"paired_vs_{ref_name}" not in point["variants"][ref_name]
+    # the affine layers whose input dims 64 does not divide (the experts' down_proj) take group 32
+    assert len(point["variants"]["affine4"]["notes"]["affine_group_32"]) == 2
+    for v in variants:  # nodes per step interleaved too, in the JSON and the summary table
+        e = point["variants"][v]
+        assert e["nodes_per_step"] == by[v]["graph"]["step"]["nodes"] > 0, v
+        assert f"| 2 | {decode.LABELS[v]} | " in md and f" | {e['nodes_per_step']} | {e['nodes_per_layer']} | " in md
     assert decode.SPREAD_NOTE not in md  # the note is for one process per variant
 
 

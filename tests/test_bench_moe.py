@@ -48,10 +48,10 @@ def test_moe_decode_preset(tmp_path):
     from mlx_fp4.bench import decode
 
     rc = decode.main(["--preset", "tiny-moe", "--layers", "2", "--prompt", "6", "--tokens", "6", "--repeats", "1",
-                      "--variants", "mlx_nvfp4", "fp4", "--device", "cpu", "--out", str(tmp_path), "--no-plot"])
+                      "--variants", "mlx_nvfp4", "fp4_same_bytes", "--device", "cpu", "--out", str(tmp_path), "--no-plot"])
     assert rc == 0
     (point,) = json.loads((tmp_path / "decode_tiny-moe_cpu.json").read_text())["points"]
-    ours, mlx = point["variants"]["fp4"], point["variants"]["mlx_nvfp4"]
+    ours, mlx = point["variants"]["fp4_same_bytes"], point["variants"]["mlx_nvfp4"]
     assert ours["decode_tok_s"]["median"] > 0 and ours["weight_bytes_per_step"] == mlx["weight_bytes_per_step"]
 
 

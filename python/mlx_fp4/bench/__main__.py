@@ -3,6 +3,7 @@
 python -m mlx_fp4.bench decode [...]: the end-to-end decode benchmark (bench/decode.py).
 python -m mlx_fp4.bench metal-report [...]: correctness + speed report for Apple GPUs (bench/metal_report.py).
 python -m mlx_fp4.bench moe [...]: one mixture-of-experts MLP, Qwen3-30B-A3B shapes (bench/moe.py).
+python -m mlx_fp4.bench quality [...]: perplexity and bits per weight of 4-bit variants of one model (bench/quality.py).
 python -m mlx_fp4.bench sharded [...]: tensor-parallel decode/prefill under mlx.launch (bench/sharded.py)."""
 
 import argparse
@@ -52,7 +53,8 @@ def parse_args(argv=None):
 
 
 # Subcommands, each a module of this package with its own main(argv).
-SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe", "sharded": "sharded"}
+SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe", "quality": "quality",
+               "sharded": "sharded"}
 
 
 def main(argv=None) -> int:

@@ -1,10 +1,14 @@
-"""End-to-end decode benchmark: an mlx-lm model with real layer shapes and random weights.
+"""End-to-end decode benchmark: an mlx-lm model with real layer shapes and random weights (or, for
+the ``smollm2`` preset, a real checkpoint's).
 
     python -m mlx_fp4.bench decode --preset llama3-8b --layers 8 16 32
 
-Variants on the same bytes: dense bf16 (``nn.Linear``), MLX's nvfp4 ``nn.QuantizedLinear``
-(``nn.quantize(mode="nvfp4")``), ``mlx_fp4.nn.FP4Linear`` wrapping those very layers
-(``mlx_fp4.nn.quantize``), the same with ``mlx_fp4.nn.fuse_swiglu``, and with a fused QKV projection too
+Variants (bench/decode_build.py), all quantizing the same layers of one dense bf16 model: dense bf16
+(``nn.Linear``), MLX's nvfp4 ``nn.QuantizedLinear`` (``nn.quantize(mode="nvfp4")``), MLX's affine 4-bit
+(``affine4``: group 64, mlx-lm's default), what a user of this package gets (``fp4``:
+``mlx_fp4.nn.quantize`` of the dense model, its defaults, global_scale="auto"), ``mlx_fp4.nn.FP4Linear``
+wrapping MLX's nvfp4 layers (``fp4_same_bytes``: equal bytes, no global scale), ``fp4`` with
+``mlx_fp4.nn.fuse_swiglu`` (``fp4_fused``), and with a fused QKV projection too
 (``fp4_qkv``, bench/decode_qkv.py). Two matmul-free floors (``floor``: one trivial kernel per linear,
 ``floor_view``: one view where it can; bench/decode_host.py) bound what any matmul kernel can reach
 through mlx-lm + MLX. Each (variant, layers) runs in
@@ -14,9 +18,10 @@ after one untimed warm-up. With ``--interleave`` every variant of a point shares
 variants' timed generations alternate (bench/decode_interleave.py), so host drift falls on all alike
 and each round gives a paired ratio. Reported per point: median and spread (min, max) over all repeats of
 prefill tok/s (prompt tokens / time to the first token) and decode tok/s (tokens after the first /
-their time), the weight bytes one decode step reads and their fraction of the copy bandwidth, and a
-host-side profile of single decode steps (graph building, encoding, waiting for the GPU), the step's
-graph node count (total, per layer) and MLX's model-free cost per node.
+their time), its ratio to MLX nvfp4 and to MLX affine 4-bit, the weight bytes one decode step reads and
+their fraction of the copy bandwidth, and a host-side profile of single decode steps (graph building,
+encoding, waiting for the GPU), the step's graph node count (total, per layer; every variant, also in
+the summary table, bench/decode_summary.py) and MLX's model-free cost per node.
 """
 
 import argparse
@@ -28,27 +33,13 @@ import sys
 import time
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
-from ..formats import MODE_DEFAULTS
-from .decode_host import host_costs, host_profile, host_table, install_expert_floor, install_floor, node_cost, step_graph
+from .decode_build import (  # noqa: F401 (re-exported: the bench's variants live in decode_build)
+    EXPERT_FLOOR, FLOORS, LABELS, OURS, REFERENCES, VARIANTS, build_model, eval_one_by_one, step_weight_bytes)
+from .decode_host import host_costs, host_profile, host_table, node_cost, step_graph
 from .decode_presets import MOE_MODULES, PRESETS
+from .decode_summary import summary_table
 from .plot import pyplot
-
-FLOORS = ("floor", "floor_view")  # dense presets
-EXPERT_FLOOR = "floor_experts"  # MoE presets: FP4Linear elsewhere, experts one trivial node
-VARIANTS = ("dense", "mlx_nvfp4", "fp4", "fp4_fused", "fp4_qkv") + FLOORS + (EXPERT_FLOOR,)
-OURS = ("fp4", "fp4_fused", "fp4_qkv")
-LABELS = {
-    "dense": "dense bf16 (nn.Linear)",
-    "mlx_nvfp4": "MLX nvfp4 nn.QuantizedLinear",
-    "fp4": "mlx_fp4.nn.FP4Linear (same bytes)",
-    "fp4_fused": "FP4Linear + fused SwiGLU",
-    "fp4_qkv": "FP4Linear + fused SwiGLU + fused QKV",
-    "floor": "floor: 1 trivial kernel per linear",
-    "floor_view": "floor: 1 view node per linear",
-    EXPERT_FLOOR: "floor: FP4Linear, experts 1 trivial kernel",
-}
 # Identical models in two processes decoded 1.24-1.41x apart on the H200 (docs/moe.md, stop 27).
 SPREAD_NOTE = ("\none process per variant: a ratio between two variants carries the spread between processes "
                "(identical models have come out up to 1.4x apart); use --processes 3 or more for ratios\n")
@@ -59,7 +50,8 @@ VARIANT_SEPARATOR = "+"  # an interleaved worker's --worker "v1+v2+v3,layers"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench decode", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
-    p.add_argument("--layers", nargs="+", type=int, default=[8, 16, 32], help="decoder layers (several: one point each)")
+    p.add_argument("--layers", nargs="+", type=int, default=None,
+                   help="decoder layers (several: one point each); default 8 16 32, a checkpoint preset's own depth")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
                    help="default: all (floor only for presets without expert layers)")
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens (random ids)")
@@ -84,79 +76,6 @@ def _device(args) -> str:
 
 
 # ---- one process: build, decode, time ------------------------------------------------------------
-
-
-def eval_one_by_one(model) -> None:
-    """Evaluate the parameters one array at a time: all at once can hold every float32
-    intermediate (initial values, the quantizer's) next to the results (gpt-oss-20b at 2 layers was
-    killed for memory on a 24 GB machine that way)."""
-    for _, p in tree_flatten(model.parameters()):
-        mx.eval(p)
-
-
-def build_model(preset: str, layers: int, variant: str, seed: int):
-    """(model, notes): notes say what a variant's transform did (fused QKV blocks, floor linears)."""
-    import importlib
-
-    import mlx.nn as nn
-
-    cfg = dict(PRESETS[preset])
-    module = importlib.import_module(f"mlx_lm.models.{cfg.pop('module')}")
-    mode = cfg.pop("mode", "nvfp4")
-    mx.random.seed(seed)
-    model = module.Model(module.ModelArgs(num_hidden_layers=layers, **cfg))
-    notes = {}
-    if variant in FLOORS:  # before the weights are evaluated: the linears' are never made
-        notes["floor_linears"] = install_floor(model, kernel=variant == "floor")
-    if variant == EXPERT_FLOOR:  # likewise for the experts' weights
-        notes["floor_experts"] = install_expert_floor(model, model.args.num_experts_per_tok)
-    moe = any(type(m).__name__ == "SwitchLinear" for m in model.modules())
-    # MLX's CPU gather_mm is float32 only: there the dense MoE variant keeps float32 weights.
-    dense_f32 = variant == "dense" and moe and mx.default_device() == mx.cpu
-    model.set_dtype(mx.float32 if dense_f32 else mx.bfloat16)
-    if dense_f32:
-        notes["dense_dtype"] = "float32 (MLX's CPU gather_mm is float32 only)"
-    eval_one_by_one(model)
-    if variant != "dense" and variant not in FLOORS:
-        # Every Linear (the lm_head too) and every SwitchLinear (MoE experts): the same bytes for
-        # the three quantized variants.
-        from mlx_lm.models.switch_layers import SwitchLinear
-
-        nn.quantize(model, group_size=MODE_DEFAULTS[mode][0], bits=4, mode=mode,
-                    class_predicate=lambda _, m: isinstance(m, (nn.Linear, SwitchLinear)))
-        eval_one_by_one(model)
-    if variant in OURS or variant == EXPERT_FLOOR:
-        from mlx_fp4 import nn as fnn
-
-        fnn.quantize(model, mode=mode, progress=False)
-        if variant in ("fp4_fused", "fp4_qkv"):
-            # Dense SwiGLU MLPs and mlx-lm's SwitchGLU experts: fuse_swiglu alone changes nothing in
-            # an all-MoE model (Qwen3-30B-A3B). The count shows what the variant actually fused.
-            fnn.fuse_switch_glu(fnn.fuse_swiglu(model))
-            notes["fused_swiglu"] = sum(isinstance(m, (fnn.FP4SwiGLU, fnn.FP4SwitchGLU)) for m in model.modules())
-        if variant == "fp4_qkv":
-            from .decode_qkv import fuse_qkv
-
-            notes["qkv"] = fuse_qkv(model)
-    return model, notes
-
-
-def step_weight_bytes(model) -> int:
-    """Bytes of every linear layer's parameters (weights, scales, biases): what one decode step reads.
-    Expert layers count top_k / num_experts of their bytes (the experts one token routes to)."""
-    import mlx.nn as nn
-
-    from mlx_fp4.layers.switch import switch_kind
-
-    args = getattr(model, "args", None)
-    top_k, experts = getattr(args, "num_experts_per_tok", 1), getattr(args, "num_experts", 1)
-    total = 0
-    for _, m in model.named_modules():
-        if isinstance(m, (nn.Linear, nn.QuantizedLinear)):
-            total += sum(v.nbytes for _, v in tree_flatten(m.parameters()))
-        elif switch_kind(m) is not None:
-            total += sum(v.nbytes for _, v in tree_flatten(m.parameters())) * min(top_k, experts) // experts
-    return total
 
 
 def time_generation(model, prompt, tokens: int):
@@ -213,7 +132,7 @@ def prepare_variant(args, variant: str, layers: int) -> dict:
     t0 = time.perf_counter()
     model, notes = build_model(args.preset, layers, variant, args.seed)
     setup_s = time.perf_counter() - t0
-    vocab = PRESETS[args.preset]["vocab_size"]
+    vocab = getattr(getattr(model, "args", None), "vocab_size", None) or PRESETS[args.preset]["vocab_size"]
     prompt = mx.random.randint(0, vocab, (args.prompt,), key=mx.random.key(args.seed + 1))
     t0 = time.perf_counter()
     trace = top2_trace(model, prompt, args.tokens)  # also the warm-up: kernels loaded, JIT done
@@ -351,12 +270,21 @@ def summarize(results, variants, bandwidth_gbps):
                 "tokens": rs[0]["tokens"],
                 "same_tokens_in_all_processes": all(r["tokens"] == rs[0]["tokens"] for r in rs),
             }
-            paired = paired_ratios(results, v, "mlx_nvfp4", layers) if v != "mlx_nvfp4" else None
-            if paired:
-                entry["paired_vs_mlx_nvfp4"] = paired
+            g = entry["graph"] or {}
+            entry["nodes_per_step"] = (g.get("step") or {}).get("nodes")
+            entry["nodes_per_layer"] = g.get("nodes_per_layer")
+            for ref in REFERENCES:  # paired: per-round ratios of an interleaved process
+                paired = paired_ratios(results, v, ref, layers) if v != ref else None
+                if paired:
+                    entry[f"paired_vs_{ref}"] = paired
             if bandwidth_gbps and entry["weight_gbps"]:
                 entry["bandwidth_fraction"] = entry["weight_gbps"] / bandwidth_gbps
             row["variants"][v] = entry
+        for v, e in row["variants"].items():  # ratios of the medians to each reference run
+            for ref in REFERENCES:
+                r = row["variants"].get(ref, {}).get("decode_tok_s")
+                if r and e.get("decode_tok_s") and v != ref:
+                    e[f"decode_x_{ref}"] = e["decode_tok_s"]["median"] / r["median"]
         ref = [r for r in results if r["variant"] == "mlx_nvfp4" and r["layers"] == layers and "top2" in r]
         for v in OURS:
             e = row["variants"].get(v, {})
@@ -385,7 +313,7 @@ def table(points, variants) -> str:
                 cells.append("error")
                 continue
             c = _spread(d)
-            if base and v in OURS:
+            if base and v != "mlx_nvfp4":
                 c += f", {d['median'] / base['median']:.2f}x"
             if e.get("paired_vs_mlx_nvfp4"):
                 pr = e["paired_vs_mlx_nvfp4"]
@@ -491,6 +419,12 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.processes < 1 or args.tokens < 2 or args.prompt < 1:
         raise SystemExit("[bench decode] --repeats/--processes expected >= 1, --tokens >= 2, --prompt >= 1")
     moe = PRESETS[args.preset]["module"] in MOE_MODULES
+    fixed = PRESETS[args.preset].get("num_hidden_layers") if "gguf" in PRESETS[args.preset] else None
+    if args.layers is None:
+        args.layers = [fixed] if fixed is not None else [8, 16, 32]
+    if fixed is not None and args.layers != [fixed]:
+        raise SystemExit(f"[bench decode] --layers expected {fixed} for the {args.preset} preset (a real checkpoint: "
+                         f"all its layers) but got {' '.join(map(str, args.layers))}")
     if args.variants is None:  # the floors that fit the preset
         excluded = FLOORS if moe else (EXPERT_FLOOR,)
         args.variants = [v for v in VARIANTS if v not in excluded]
@@ -535,7 +469,12 @@ def main(argv=None) -> int:
                    "variants": args.variants, "prompt_tokens": args.prompt, "tokens": args.tokens,
                    "repeats": args.repeats, "processes": args.processes, "seed": args.seed,
                    "interleave": args.interleave},
-        "method": "mlx_lm.generate.generate_step, greedy, random weights and prompt; prefill tok/s = prompt / "
+        "variants": {v: LABELS[v] for v in args.variants},
+        "method": "mlx_lm.generate.generate_step, greedy, random weights (a gguf preset: its checkpoint "
+        "dequantized to bf16) and random prompt ids; every quantized variant quantizes the same layers (every "
+        "nn.Linear and SwitchLinear; embeddings stay bf16): fp4 = mlx_fp4.nn.quantize of the dense model "
+        "(defaults), fp4_same_bytes = FP4Linear wrapping MLX nvfp4's layers, affine4 = MLX affine group 64; "
+        "decode_x_<ref> = median decode tok/s over the reference's; prefill tok/s = prompt / "
         "time to first token (mlx-lm's prompt tok/s; it holds the first decode step); prefill forward tok/s = "
         "(prompt - 1) / time of the forward alone into a fresh KV cache, cache evaluated; decode tok/s = "
         "(tokens - 1) / time from the first to the last token; one untimed warm-up generation per process; "
@@ -561,8 +500,11 @@ def main(argv=None) -> int:
     report.write_json(base + ".json", doc)
     text = table(points, args.variants)
     host = host_table(points, args.variants, LABELS)
+    summary = summary_table(points, args.variants)
     with open(base + ".md", "w") as f:
         f.write(f"`{doc['command']}` on {info['device_name']}, mlx {info['versions']['mlx']}\n\n"
+                f"summary: decode tok/s, x each reference (of the medians; paired: per-round ratios, interleaved), "
+                f"graph nodes of one decode step\n\n{summary}\n\n"
                 f"decode tok/s: median (min-max), x MLX nvfp4 (of the medians; paired: per-round ratios, interleaved), "
                 f"% of copy bandwidth over the weight bytes\n\n{text}\n"
                 f"{SPREAD_NOTE if args.processes < 2 and not args.interleave else ''}"
@@ -570,7 +512,7 @@ def main(argv=None) -> int:
                 f"\n{prefill_table(points, args.variants)}\n"
                 f"\nhost profile of single synchronous decode steps (medians; nodes: mx.export_to_dot of the "
                 f"step's graph)\n\n{host}\n")
-    print(text)
+    print(summary)
     print(host)
     if not args.no_plot:
         plot(doc, base + ".png")

