@@ -11,6 +11,7 @@
 #include "epilogue_spec.h"
 #include "errors.h"
 #include "gather_ops.h"
+#include "op_common.h"
 #include "mlx/version.h"
 #include "format_tables.h"
 #include "mlx_fp4.h"
@@ -130,10 +131,7 @@ std::vector<mlx_fp4::EpilogueSpec> parse_epilogue(const std::optional<nb::object
                            nb::cast<std::string>(nb::repr(*epilogue)), ".");
   }
   // The length first: a list of millions of ops was parsed (seconds, GBs) before being refused.
-  const size_t n = nb::len(*epilogue);
-  if (n > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
-    mlx_fp4::throw_invalid("[", op, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ", n, ".");
-  }
+  mlx_fp4::check_epilogue_length(nb::len(*epilogue), op);
   size_t i = 0;
   for (nb::handle item : *epilogue) specs.push_back(parse_op(item, i++, op));
   return specs;

@@ -26,6 +26,8 @@ std::pair<int, mx::array> canonical_operand(
 
 // The chain's length, op codes and operand count against the kernel limits.
 void check_epilogue(const std::vector<EpilogueSpec>& epilogue, const char* kOp);
+// The chain's length alone (the bindings check it before parsing any op).
+void check_epilogue_length(size_t ops, const char* kOp);
 
 // One epilogue op in fp32 MLX ops (the reference path and the vjp).
 mx::array apply_op_ops(const mx::array& v, const EpilogueSpec& op, mx::StreamOrDevice s);

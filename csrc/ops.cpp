@@ -185,11 +185,14 @@ mx::array rows_input(const mx::array& a, mx::StreamOrDevice s) {
 
 static bool takes_operand(int code) { return code == fp4::kEpiAdd || code == fp4::kEpiMul; }
 
-void check_epilogue(const std::vector<EpilogueSpec>& epilogue, const char* kOp) {
-  if (epilogue.size() > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
-    throw_invalid("[", kOp, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ",
-                  epilogue.size(), ".");
+void check_epilogue_length(size_t ops, const char* kOp) {
+  if (ops > static_cast<size_t>(fp4::kMaxEpilogueOps)) {
+    throw_invalid("[", kOp, "] epilogue must have at most ", fp4::kMaxEpilogueOps, " ops but got ", ops, ".");
   }
+}
+
+void check_epilogue(const std::vector<EpilogueSpec>& epilogue, const char* kOp) {
+  check_epilogue_length(epilogue.size(), kOp);
   int operands = 0;
   for (size_t i = 0; i < epilogue.size(); ++i) {
     const auto& op = epilogue[i];

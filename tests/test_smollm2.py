@@ -30,11 +30,12 @@ if _SPEC is None:  # pragma: no cover - depends on the environment
 
 from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
 
+from mlx_fp4.bench import quality  # noqa: E402
 from mlx_fp4.checkpoints.gguf import load_gguf  # noqa: E402
 from mlx_fp4.layers import FP4Linear, swap_modules  # noqa: E402
 
 GGUF = Path(_SPEC.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEXT = Path(__file__).parent / "data" / "english.txt"  # Apache License 2.0, preamble and section 1
+TEXT = Path(quality.TEXT)  # the quality bench's fixed English text (Apache License 2.0, sections 1-9)
 N_TOKENS = 256
 GREEDY_TOKENS = 32
 PROMPT = "Write two sentences about the sea."
@@ -44,9 +45,9 @@ PROMPT = "Write two sentences about the sea."
 # reference's top-2 margin is below NEAR_TIE, 100x that noise. (In bf16 the noise is ~1 log-prob
 # unit after 30 layers of bf16 rounding, and the sequences part after ~7 tokens at margin 0.25.)
 NEAR_TIE = 1e-2
-PPL_REL = 5e-3  # FP4Linear vs MLX nvfp4 perplexity, same bytes (measured 7e-4 in bf16)
-BF16_PPL_MAX = 40.0  # measured 16.7 on this text
-FP4_PPL_FACTOR = 1.25  # NVFP4 (no global scale) vs bf16: measured 18.9 / 16.7 = 1.13
+PPL_REL = 5e-3  # FP4Linear vs MLX nvfp4 perplexity, same bytes (measured 2.6e-3 in bf16: 18.738 vs 18.689)
+BF16_PPL_MAX = 40.0  # measured 16.4 on this text
+FP4_PPL_FACTOR = 1.25  # NVFP4 (no global scale) vs bf16: measured 18.74 / 16.39 = 1.14
 
 
 def _cast(model, dtype):

@@ -86,7 +86,7 @@ void finish(const fp4::GatherW4A16Problem& g, const GatherBuffers& b, int64_t ex
             int64_t count, float* v) {
   const fp4::W4A16Problem& p = g.mm;
   if (p.has_global_scale) {
-    const float mult = fp4::decode_multiplier(b.global_scale[g.global_scale_per_expert ? expert : 0]);
+    const float mult = fp4::gather_multiplier(g, b.global_scale, expert);
     for (int64_t j = 0; j < count; ++j) v[j] *= mult;
   }
   thread_local std::vector<float> opnd;

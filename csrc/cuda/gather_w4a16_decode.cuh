@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(fp4::cuda_gather_tiling::kDecodeShapes[Shape].
   const int64_t e = a.rhs[p];
   const uint8_t* w = a.w + e * a.g.w_expert_bytes;
   const uint8_t* s = a.scales + e * a.g.scale_expert_bytes;
-  const float mult = a.g.mm.has_global_scale ? fp4::decode_multiplier(a.global_scale[a.g.global_scale_per_expert ? e : 0]) : 1.0f;
+  const float mult = fp4::gather_multiplier(a.g, a.global_scale, e);
   const XT* x = static_cast<const XT*>(a.x) + int64_t(a.lhs[p]) * K;
   int64_t row[RW];  // rows past N repeat the last one (read, never stored)
 #pragma unroll

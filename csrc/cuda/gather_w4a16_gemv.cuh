@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32) gather_pairs_kernel(const GatherA
     const int64_t e = a.rhs[p];
     const uint8_t* wrow = a.w + e * a.g.w_expert_bytes + n * a.g.mm.w_row_bytes;
     const uint8_t* srow = a.scales + e * a.g.scale_expert_bytes + n * a.g.mm.scale_row_bytes;
-    const float mult = a.g.mm.has_global_scale ? fp4::decode_multiplier(a.global_scale[a.g.global_scale_per_expert ? e : 0]) : 1.0f;
+    const float mult = fp4::gather_multiplier(a.g, a.global_scale, e);
     const XT* x0 = static_cast<const XT*>(a.x) + int64_t(a.lhs[p]) * M * K;
     int64_t r0 = 0;
     for (; r0 + kRowsPerPass <= M; r0 += kRowsPerPass) {
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const GatherAr
     const int64_t rows = int64_t(v.start[e + 1] - first) * a.g.mm.m;
     const uint8_t* wrow = a.w + e * a.g.w_expert_bytes + n * a.g.mm.w_row_bytes;
     const uint8_t* srow = a.scales + e * a.g.scale_expert_bytes + n * a.g.mm.scale_row_bytes;
-    const float mult = a.g.mm.has_global_scale ? fp4::decode_multiplier(a.global_scale[a.g.global_scale_per_expert ? e : 0]) : 1.0f;
+    const float mult = fp4::gather_multiplier(a.g, a.global_scale, e);
     int64_t r0 = 0;
     for (; r0 + kRowsPerPass <= rows; r0 += kRowsPerPass) {
       group_pass<XT, kVec, kRowsPerPass, Mode>(a, v, first, rows, r0, wrow, srow, n, mult);

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocksPerSm) gather_tc_ke
 
   // The dense kernels' reduction (fixed order), then multiplier, chain and store at the pair's row.
   __shared__ float red[kTcWarps * RT * MT * 4 * 32];
-  const float mult = a.g.mm.has_global_scale ? fp4::decode_multiplier(a.global_scale[a.g.global_scale_per_expert ? e : 0]) : 1.0f;
+  const float mult = fp4::gather_multiplier(a.g, a.global_scale, e);
   tc_reduce<MT, RT>(acc, red, m_base, n_base, [&](int64_t i, int64_t n, float sum) {
     if (n < N && i < rows) {
       const int64_t out_row = int64_t(v.order[first + i / M]) * M + i % M;
