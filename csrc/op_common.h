@@ -14,8 +14,9 @@ bool is_supported_float(mx::Dtype d);
 // fresh row-contiguous buffer on every backend); else behind a Contiguous node.
 mx::array contiguous_input(const mx::array& a, mx::StreamOrDevice s);
 
-// x or an index array for a primitive: as is on MLX's CUDA backend, whose glue makes rows of a
-// strided one itself (cuda::row_contiguous); elsewhere contiguous_input.
+// x or an index array for a primitive: as is on the CPU and on MLX's CUDA backend, whose glue
+// makes rows of a strided one itself (cpu::row_contiguous, cuda::row_contiguous); elsewhere
+// (Metal) contiguous_input.
 mx::array rows_input(const mx::array& a, mx::StreamOrDevice s);
 
 // Classify and canonicalize one epilogue operand against the output shape: returns the

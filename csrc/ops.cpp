@@ -178,8 +178,9 @@ std::pair<int, mx::array> canonical_operand(
 }
 
 mx::array rows_input(const mx::array& a, mx::StreamOrDevice s) {
-  const bool cuda_gpu = mx::to_stream(s).device == mx::Device::gpu && mx::cu::is_available();
-  if (cuda_gpu && static_cast<int>(a.ndim()) <= fp4::kMaxStridedXDims) return a;
+  const bool on_cpu = mx::to_stream(s).device == mx::Device::cpu;
+  const bool cuda_gpu = !on_cpu && mx::cu::is_available();
+  if (on_cpu || (cuda_gpu && static_cast<int>(a.ndim()) <= fp4::kMaxStridedXDims)) return a;
   return contiguous_input(a, s);
 }
 

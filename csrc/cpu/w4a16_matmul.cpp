@@ -2,6 +2,7 @@
 #include "../primitives.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "strided_rows.h"
 #include "w4a16_kernel.h"
 
 namespace mlx_fp4 {
@@ -10,8 +11,10 @@ void W4A16Matmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
   const fp4::W4A16Problem p = problem(inputs, out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  const mx::array x = cpu::row_contiguous(inputs[kInputX], enc);
   cpu::Buffers b{};
-  b.x = inputs[kInputX].data<void>();
+  b.x = x.data<void>();
   b.w = inputs[kInputW].data<uint8_t>();
   b.scales = inputs[kInputScales].data<uint8_t>();
   b.global_scale = has_global_scale() ? inputs[kInputFirstOptional].data<float>() : nullptr;
@@ -19,7 +22,6 @@ void W4A16Matmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     b.operands[i] = inputs[operand_input_index(i)].data<void>();
   }
   b.out = out.data<void>();
-  auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_output_array(out);
   // Inputs stay alive until the queued task has run (MLX holds their buffers).
