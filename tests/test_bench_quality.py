@@ -38,6 +38,9 @@ def test_structure(doc):
         for key in ("perplexity", "nll_per_token", "bits_per_weight", "vs_bf16", "vs_mlx_nvfp4", "eval_s"):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (name, key, r[key])
         assert r["tokens_scored"] == 64
+        if name != "bf16":  # bf16 is the KL / top-1 reference of every other variant
+            assert r["kl_vs_reference"] >= 0 and 0 <= r["top1_agreement"] <= 1, (name, r)
+    assert "kl_vs_reference" not in doc["variants"]["bf16"]
     assert doc["variants"]["ours_nvfp4_false"]["global_scale_layers"] == 0
     assert doc["variants"]["ours_nvfp4_false"]["quantized_layers"] == 210
 
@@ -51,6 +54,9 @@ def test_numbers(doc):
         assert v[name]["bits_per_weight"] == pytest.approx(4.5)
     # Same bytes, our decode: the same perplexity as MLX's.
     assert v["ours_nvfp4_wrapped"]["perplexity"] == pytest.approx(v["mlx_nvfp4"]["perplexity"], rel=5e-3)
+    assert v["ours_nvfp4_wrapped"]["kl_vs_reference"] == pytest.approx(v["mlx_nvfp4"]["kl_vs_reference"], rel=0.05)
+    # 4-bit weights move the model: a KL clearly above 0, below a broken model's (nats, per token).
+    assert 1e-4 < v["mlx_nvfp4"]["kl_vs_reference"] < 1.0
     # Our quantizer rounds ties of |w| / scale to the even E2M1 code, MLX's toward zero (~0.7% of the
     # codes of a bf16 SmolLM2 layer differ): close, not equal.
     assert v["ours_nvfp4_false"]["perplexity"] == pytest.approx(v["mlx_nvfp4"]["perplexity"], rel=0.1)

@@ -23,6 +23,7 @@ from . import plot, report
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "english.txt")
 STEM = "quality"
 REFERENCE = "mlx_nvfp4"
+KL_REFERENCE = "bf16"
 BPW_DEFINITION = ("bits of the linear layers' weight, scales, biases (affine zero points) and global scales "
                   "over their weight count (embedding, tied output head and norms excluded: bf16 in every variant)")
 FORWARD = {"dense": "mlx-lm's forward with each linear's decoded weight (decoded in float32, global scale "
@@ -119,17 +120,28 @@ def load(path):
     return model, encode, how
 
 
-def perplexity(model, tokens, window):
+def perplexity(model, tokens, window, reference=None):
     """exp(mean NLL) of tokens[1:], windows of `window` predictions (each window restarts the
-    context; consecutive windows share one token), float32 log-softmax."""
-    nll, n = 0.0, 0
-    for s in range(0, len(tokens) - 1, window):
+    context; consecutive windows share one token), float32 log-softmax. With `reference` (the
+    log-probabilities per window of another variant, bf16's), also the mean KL divergence
+    KL(reference || this) per token and how often both pick the same top-1 token: a far less noisy
+    measure than perplexity of how close a quantization stays to the float model.
+    Returns (perplexity, mean NLL, tokens scored, {kl, top1} or {}, log-probabilities per window)."""
+    nll, n, kl, top1, logps = 0.0, 0, 0.0, 0, []
+    for i, s in enumerate(range(0, len(tokens) - 1, window)):
         chunk = mx.array(tokens[s:s + window + 1])[None]
         logits = model(chunk[:, :-1]).astype(mx.float32)
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         nll += -mx.take_along_axis(logp, chunk[:, 1:, None], axis=-1).sum().item()
         n += chunk.shape[1] - 1
-    return math.exp(nll / n), nll / n, n
+        if reference is not None:
+            ref = reference[i]
+            kl += mx.sum(mx.exp(ref) * (ref - logp)).item()
+            top1 += mx.sum(mx.argmax(ref, axis=-1) == mx.argmax(logp, axis=-1)).item()
+        mx.eval(logp)
+        logps.append(logp)
+    vs_ref = {} if reference is None else {"kl_vs_reference": kl / n, "top1_agreement": top1 / n}
+    return math.exp(nll / n), nll / n, n, vs_ref, logps
 
 
 def linear_bits_per_weight(model, paths, counts):
@@ -154,8 +166,9 @@ def decoded(m, dtype):
     return out
 
 
-def run_variant(name, model, saved, counts, tokens, window, forward="dense", dtype=mx.bfloat16):
-    """Quantize `model`'s linears as variant `name`, measure, and put the float linears `saved` back."""
+def run_variant(name, model, saved, counts, tokens, window, forward="dense", dtype=mx.bfloat16, reference=None):
+    """Quantize `model`'s linears as variant `name`, measure, and put the float linears `saved` back.
+    Returns (results, log-probabilities per window) (see perplexity: `reference`)."""
     label, quantizer = VARIANTS[name]
     t0 = time.perf_counter()
     summary = quantizer(model) if quantizer else None
@@ -172,32 +185,36 @@ def run_variant(name, model, saved, counts, tokens, window, forward="dense", dty
         mods = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
         model.update_modules(tree_unflatten([(p, decoded(mods[p], dtype)) for p, _ in saved]))
     t2 = time.perf_counter()
-    ppl, nll, n = perplexity(model, tokens, window)
-    res.update({"perplexity": ppl, "nll_per_token": nll, "tokens_scored": n, "quantize_s": t1 - t0,
+    ppl, nll, n, vs_ref, logps = perplexity(model, tokens, window, reference)
+    res.update({"perplexity": ppl, "nll_per_token": nll, "tokens_scored": n, **vs_ref, "quantize_s": t1 - t0,
                 "eval_s": time.perf_counter() - t2})
     model.update_modules(tree_unflatten(saved))
-    return res
+    return res, logps
 
 
 def table(doc):
-    cols = ["variant", "perplexity", "vs bf16", f"vs {REFERENCE}", "bits/weight", "global scales"]
+    cols = ["variant", "perplexity", "vs bf16", f"vs {REFERENCE}", f"KL vs {KL_REFERENCE}", "top-1 = bf16",
+            "bits/weight", "global scales"]
     rows = []
     for name, r in doc["variants"].items():
         gs = (f"{r['global_scale_layers']}/{r['quantized_layers']}" if "global_scale_layers" in r else "-")
         f = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
         rows.append([f"{name}: {r['label']}", f"{r['perplexity']:.4f}", f(r.get("vs_bf16"), "+.2%"),
-                     f(r.get(f"vs_{REFERENCE}"), "+.2%"), f"{r['bits_per_weight']:.4f}", gs])
+                     f(r.get(f"vs_{REFERENCE}"), "+.2%"), f(r.get("kl_vs_reference"), ".5f"),
+                     f(r.get("top1_agreement"), ".1%"), f"{r['bits_per_weight']:.4f}", gs])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def legend(doc):
-    t = doc["text"]
+    t, fw = doc["text"], doc["forward"]
     return (f"Perplexity: exp(mean NLL) of {t['tokens_scored']} tokens of {t['name']} ({t['tokens']} tokens, "
             f"sha256 {t['sha256'][:12]}) in windows of {t['window']} predictions, float32 log-softmax, mlx-lm "
-            f"forward ({doc['forward']['mode']}: {doc['forward']['description']}; {doc['forward']['activations']} activations); vs X: perplexity / X's - 1. Bits/weight: {BPW_DEFINITION}. Global scales: linears that "
-            f"kept a per-tensor scale / linears quantized. Model: {doc['model']['path']} via {doc['model']['loader']}; "
-            f"every variant quantized from its bf16 weights.")
+            f"forward ({fw['mode']}: {fw['description']}; {fw['activations']} activations); vs X: perplexity / "
+            f"X's - 1. KL vs {KL_REFERENCE}: mean KL({KL_REFERENCE} || variant) in nats per token over the same "
+            f"positions; top-1: share of positions where both pick the same next token. Bits/weight: "
+            f"{BPW_DEFINITION}. Global scales: linears that kept a per-tensor scale / linears quantized. Model: "
+            f"{doc['model']['path']} via {doc['model']['loader']}; every variant quantized from its bf16 weights.")
 
 
 def write_plot(doc, path):
@@ -251,11 +268,16 @@ def main(argv) -> int:
     print(f"mlx_fp4 quality bench: {device} ({info['device_name']}), mlx {info['versions']['mlx']}, commit "
           f"{(info['git']['commit'] or 'unknown')[:12]}; {os.path.basename(path)} ({how}), {len(linears)} linears; "
           f"{len(tokens)} of {len(all_tokens)} tokens, window {args.window}, {args.forward} forward", flush=True)
-    results = {}
-    for name in args.variants:
-        results[name] = run_variant(name, model, saved, counts, tokens, args.window, args.forward, compute)
+    results, reference = {}, None
+    # bf16 first: its log-probabilities are every other variant's KL / top-1 reference.
+    for name in sorted(args.variants, key=lambda v: v != KL_REFERENCE):
+        results[name], logps = run_variant(name, model, saved, counts, tokens, args.window, args.forward, compute,
+                                           reference)
+        if name == KL_REFERENCE:
+            reference = logps
         r = results[name]
-        print(f"  {name:18s} ppl {r['perplexity']:9.4f}  bpw {r['bits_per_weight']:.4f}  "
+        kl = f"  KL {r['kl_vs_reference']:.5f}  top-1 {r['top1_agreement']:.3f}" if "kl_vs_reference" in r else ""
+        print(f"  {name:18s} ppl {r['perplexity']:9.4f}{kl}  bpw {r['bits_per_weight']:.4f}  "
               f"(quantize {r['quantize_s']:.1f} s, eval {r['eval_s']:.1f} s)", flush=True)
     for r in results.values():
         for ref in ("bf16", REFERENCE):
