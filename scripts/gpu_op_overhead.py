@@ -24,24 +24,34 @@ import mlx.core as mx
 import mlx_fp4 as mx_fp4
 
 ROTATE_BYTES = 400 * 10**6
+IMPLS = ("mlx_fp4", "mlx_fp4_gs", "mlx_fp4_gs_padded", "mlx_fp4_own", "mlx_fp4_own_gs", "mlx_nvfp4", "dense_bf16")
 
 
 def quantized_sets(n, k, copies, seed):
     """`copies` random weights [N, K] (scaled 1/sqrt(K): chains keep their magnitude) in each format."""
-    sets = {"mlx_fp4": [], "mlx_nvfp4": [], "dense_bf16": []}
+    sets = {impl: [] for impl in IMPLS}
     for c in range(copies):
         w = mx.random.normal((n, k), key=mx.random.key(seed * 1000 + c)) * (k ** -0.5)
         qw, qs = mx.quantize(w, mode="nvfp4", group_size=16, bits=4)[:2]
+        gs = mx.max(mx.abs(w)).astype(mx.float32).reshape(1)
         sets["mlx_nvfp4"].append((qw, qs))
         sets["mlx_fp4"].append((qw, qs))  # the same bytes: ours reads MLX's uint32 layout
+        # The same bytes with a global scale (MLX's amax convention): the scale's own cost.
+        sets["mlx_fp4_gs"].append((qw, qs, gs))
+        # The same scale as a view of a 16-byte buffer: MLX's CUDA allocator keeps buffers of <= 8
+        # bytes in a managed-memory pool, which the GPU reads across the bus.
+        sets["mlx_fp4_gs_padded"].append((qw, qs, mx.concatenate([gs, mx.zeros((3,), mx.float32)])[:1]))
+        # What mx_fp4.quantize(global_scale=True) gives (uint8 layout, its own amax): the default path.
+        sets["mlx_fp4_own"].append(tuple(mx_fp4.quantize(w, global_scale=False)))
+        sets["mlx_fp4_own_gs"].append(tuple(mx_fp4.quantize(w, global_scale=True)))
         sets["dense_bf16"].append((w.astype(mx.bfloat16),))
-        mx.eval(sets["mlx_nvfp4"][-1], sets["dense_bf16"][-1])
+        mx.eval(*(sets[impl][-1] for impl in IMPLS))
     return sets
 
 
 def product(impl, x, wts):
-    if impl == "mlx_fp4":
-        return mx_fp4.w4a16_matmul(x, wts[0], wts[1])
+    if impl.startswith("mlx_fp4"):
+        return mx_fp4.w4a16_matmul(x, wts[0], wts[1], global_scale=wts[2] if len(wts) > 2 else None)
     if impl == "mlx_nvfp4":
         return mx.quantized_matmul(x, wts[0], wts[1], transpose=True, group_size=16, bits=4, mode="nvfp4")
     return x @ wts[0].T
@@ -68,7 +78,7 @@ def host_cost(repeats, count):
     sets = quantized_sets(n, k, 1, seed=7)
     x = mx.random.normal((1, k)).astype(mx.bfloat16)
     out = {}
-    for impl in ("mlx_fp4", "mlx_nvfp4", "dense_bf16"):
+    for impl in IMPLS:
         out[impl] = timed_chain(impl, x, sets[impl], count, repeats)
         # Graph building alone (Python + op construction), no eval.
         y = x
@@ -98,7 +108,7 @@ def real_chains(ms, repeats, quick):
     for name, pair in shapes:
         fp4_bytes = sum(n * k // 2 + n * k // 16 for n, k in pair)
         dense_bytes = sum(2 * n * k for n, k in pair)
-        for impl in ("mlx_fp4", "mlx_nvfp4", "dense_bf16"):
+        for impl in IMPLS:
             per = dense_bytes if impl == "dense_bf16" else fp4_bytes
             copies = max(1, -(-ROTATE_BYTES // per))
             layers = []

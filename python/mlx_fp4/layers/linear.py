@@ -35,12 +35,14 @@ from ..formats import (
     check_config,
     check_no_global_scale,
     check_scales,
+    device_resident,
     dtype_name,
 )
 
 __all__ = [
     "FP4Linear",
     "GlobalScaleMixin",
+    "ResidentGlobalScale",
     "is_fp4_linear",
     "is_mlx_nvfp4",
     "linear_kind",
@@ -68,7 +70,18 @@ def linear_kind(m) -> Optional[str]:
 # --------------------------------------------------------------------------- #
 # FP4Linear
 # --------------------------------------------------------------------------- #
-class GlobalScaleMixin:
+class ResidentGlobalScale:
+    """Stores an array assigned to ``global_scale`` (by attribute, ``update`` or
+    ``load_weights``) through ``formats.device_resident``: the kernels then read it from device
+    memory on MLX's CUDA backend."""
+
+    def __setitem__(self, key, val):
+        if key == "global_scale" and isinstance(val, mx.array):
+            val = device_resident(val)
+        super().__setitem__(key, val)
+
+
+class GlobalScaleMixin(ResidentGlobalScale):
     """The ``global_scale`` parameter of an FP4 layer: set it to None, a float or a scalar
     array (MLX's convention, the amax); it is stored as a frozen fp32 ``[1]`` parameter, or
     not at all. ``biases`` is None (nvfp4 has no zero points) but reading it on a layer with a

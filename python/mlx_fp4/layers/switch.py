@@ -20,7 +20,7 @@ import mlx.nn as nn
 
 from .. import ops
 from ..formats import BITS, E2M1_E4M3_MAX, MODE, MODE_DEFAULTS, check_config, check_no_global_scale, describe
-from .linear import swap_modules
+from .linear import ResidentGlobalScale, swap_modules
 
 __all__ = ["FP4SwitchGLU", "FP4SwitchLinear", "fuse_switch_glu", "is_switch_linear", "switch_kind",
            "to_fp4_switch_linear"]
@@ -60,7 +60,7 @@ def _quantize_experts(w: mx.array, global_scale: bool, mode: str = MODE):
     return mx.stack([q for q, _ in parts]), mx.stack([s for _, s in parts]), gs
 
 
-class FP4SwitchLinear(nn.Module):
+class FP4SwitchLinear(ResidentGlobalScale, nn.Module):
     """FP4 (NVFP4 or MXFP4) experts ``[E, N, K]`` backed by ``mlx_fp4.gather_w4a16_matmul``.
 
     Args:
