@@ -1,0 +1,147 @@
+"""The Metal tuner (python/mlx_fp4/tuning.py) driven with fake timings: the decision, persistence,
+a corrupt cache file, a changed environment; and the route table it fills in the extension
+(csrc/metal_route_table.h), which ops.cpp's metal_route reads. No Apple GPU is needed: the tuner's
+logic and the table are plain code; only time_route runs on a device."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+import mlx_fp4 as mx_fp4
+from mlx_fp4 import _ext, tuning
+
+ENV = {"gpu": "Apple M4 Max", "arch": "applegpu_g16s", "macos": "15.5", "mlx": "0.32.4",
+       "mlx_fp4": "0.1.0", "schema": tuning.SCHEMA}
+
+
+class FakeTimer:
+    """Seconds per call from a table {route: seconds}; records every measurement."""
+
+    def __init__(self, ours, mlx):
+        self.t = {"ours": ours, "mlx": mlx}
+        self.calls = []
+
+    def __call__(self, m, n, k, dtype, mode, route):
+        self.calls.append((m, n, k, route))
+        return self.t[route]
+
+
+def make(tmp_path, timer, env=ENV):
+    applied = []
+    return tuning.Tuner(tmp_path / "metal_tuning.json", env, timer, applied.append), applied
+
+
+@pytest.mark.parametrize("ours,mlx,want", [(1.0, 2.0, "ours"), (2.0, 1.0, "mlx"), (1.0, 1.0, "ours")])
+def test_decision_is_the_faster_route(tmp_path, ours, mlx, want):
+    timer = FakeTimer(ours, mlx)
+    t, applied = make(tmp_path, timer)
+    assert t.state == "new"
+    assert t.route(16, 4096, 4096, mx.bfloat16, "nvfp4") == want
+    assert [c[3] for c in timer.calls] == ["ours", "mlx"]
+    assert applied[-1]["route"] == want and applied[-1]["ours_s"] == ours
+
+
+def test_bucket_is_measured_once(tmp_path):
+    timer = FakeTimer(2.0, 1.0)
+    t, _ = make(tmp_path, timer)
+    for m in (17, 20, 32):  # one bucket (32)
+        assert t.route(m, 4096, 4096, mx.bfloat16, "nvfp4") == "mlx"
+    assert len(timer.calls) == 2 and timer.calls[0][0] == 32
+    t.route(33, 4096, 4096, mx.bfloat16, "nvfp4")  # the next bucket (64)
+    t.route(32, 4096, 4096, mx.float16, "nvfp4")   # another dtype
+    t.route(32, 4096, 4096, mx.bfloat16, "mxfp4")  # another mode
+    assert len(timer.calls) == 8
+
+
+def test_decisions_persist(tmp_path):
+    t, _ = make(tmp_path, FakeTimer(2.0, 1.0))
+    t.route(9, 4096, 14336, mx.bfloat16, "nvfp4")
+    timer = FakeTimer(1.0, 2.0)  # would decide the other way if it measured again
+    t2, applied = make(tmp_path, timer)
+    assert t2.state == "loaded" and timer.calls == []
+    assert [e["route"] for e in applied] == ["mlx"]  # handed to the op at load
+    assert t2.route(9, 4096, 14336, mx.bfloat16, "nvfp4") == "mlx"
+    assert timer.calls == []
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"environment": {}}',
+                                  '{"environment": {}, "decisions": [{"route": "gpu"}]}', ""])
+def test_corrupt_cache_is_rebuilt(tmp_path, text):
+    (tmp_path / "metal_tuning.json").write_text(text)
+    timer = FakeTimer(1.0, 2.0)
+    t, applied = make(tmp_path, timer)
+    assert t.state == "rebuilt: corrupt" and applied == []
+    assert json.loads((tmp_path / "metal_tuning.json").read_text())["decisions"] == []
+    assert t.route(1, 4096, 4096, mx.bfloat16, "nvfp4") == "ours" and len(timer.calls) == 2
+
+
+@pytest.mark.parametrize("field", ["gpu", "macos", "mlx", "mlx_fp4"])
+def test_changed_environment_is_retuned(tmp_path, field):
+    t, _ = make(tmp_path, FakeTimer(2.0, 1.0))
+    t.route(64, 4096, 4096, mx.bfloat16, "nvfp4")
+    timer = FakeTimer(1.0, 2.0)
+    t2, applied = make(tmp_path, timer, env={**ENV, field: "other"})
+    assert t2.state == "re-tuned: environment changed" and applied == []
+    assert t2.route(64, 4096, 4096, mx.bfloat16, "nvfp4") == "ours" and len(timer.calls) == 2
+    doc = json.loads((tmp_path / "metal_tuning.json").read_text())
+    assert doc["environment"][field] == "other" and len(doc["decisions"]) == 1
+
+
+def test_shape_buckets():
+    assert [_ext._metal_shape_bucket(m) for m in (1, 9, 16, 17, 32, 33, 1000)] == \
+        [1, 9, 16, 32, 32, 64, 1024]
+
+
+def test_route_table_in_the_extension():
+    _ext._metal_route_clear()
+    try:
+        assert _ext._metal_route_get(20, 64, 128, mx.bfloat16, "nvfp4") is None
+        _ext._metal_route_set(20, 64, 128, mx.bfloat16, "nvfp4", "mlx")
+        assert _ext._metal_route_get(30, 64, 128, mx.bfloat16, "nvfp4") == "mlx"  # same bucket
+        assert _ext._metal_route_get(30, 64, 128, mx.float16, "nvfp4") is None
+        assert _ext._metal_route_entries() == [(32, 64, 128, "bfloat16", "nvfp4", "mlx")]
+        _ext._metal_route_set(20, 64, 128, mx.bfloat16, "nvfp4", None)
+        assert _ext._metal_route_entries() == []
+        with pytest.raises(ValueError, match="ours, mlx or cpu"):
+            _ext._metal_route_set(20, 64, 128, mx.bfloat16, "nvfp4", "gpu")
+    finally:
+        _ext._metal_route_clear()
+
+
+@pytest.mark.parametrize("arch,m,want", [
+    ("applegpu_g12x", 64, "cpu"),   # before Apple7 (e.g. a paravirtual GPU): the CPU
+    ("applegpu_g16s", 64, "ours"),  # M4: ours at every M (the cost model)
+    ("applegpu_g17s", 8, "ours"),   # M5 below MLX's batch limit (25 at 4096^2): MLX's GEMV
+    ("applegpu_g17s", 24, "ours"),
+    ("applegpu_g17s", 25, "mlx"),   # MLX's NAX kernel
+])
+def test_static_route(arch, m, want):
+    assert _ext._metal_static_route(arch, m, 4096, 4096, mx.bfloat16) == want
+    if want == "mlx":
+        assert _ext._metal_static_route(arch, m, 4096, 4096, mx.float32) == "ours"  # NAX: no fp32
+
+
+def test_off_and_inactive_without_an_apple_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv(tuning.ENV_CACHE_DIR, str(tmp_path))
+    monkeypatch.setenv(tuning.ENV_TUNE, "0")
+    assert not tuning.active()
+    assert mx_fp4.metal_tuning()["enabled"] is False
+    monkeypatch.delenv(tuning.ENV_TUNE)
+    if not mx.metal.is_available():
+        assert not tuning.active()
+        x = mx.ones((3, 64))
+        w = mx.zeros((8, 32), dtype=mx.uint8)
+        s = mx.full((8, 4), 0x38, dtype=mx.uint8)
+        mx_fp4.w4a16_matmul(x, w, s)  # no measurement, no cache file
+        assert not (tmp_path / tuning.CACHE_FILE).exists()
+    assert mx_fp4.metal_tuning()["path"] == str(tmp_path / tuning.CACHE_FILE)
+
+
+def test_kernel_names_follow_the_dispatch_table():
+    """The name metal-report prints per row (our dispatch, csrc/metal/w4a16_dispatch.h): the
+    vector path to M = 16, the 64-row GEMM (split-K on few tiles) below 256, the 128-row one."""
+    names = {m: _ext._metal_kernel(m, 4096, 4096, mx.bfloat16) for m in (1, 9, 16, 17, 256)}
+    assert names[1].startswith("mlx_fp4_w4a16_gemv_mt1_") and "gemv_mt16" in names[9]
+    assert "gemv_mt16" in names[16] and "gemm_bm64" in names[17] and "splitk" in names[17]
+    assert "gemm_bm128" in names[256] and "splitk" not in names[256]
