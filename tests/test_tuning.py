@@ -145,3 +145,26 @@ def test_kernel_names_follow_the_dispatch_table():
     assert names[1].startswith("mlx_fp4_w4a16_gemv_mt1_") and "gemv_mt16" in names[9]
     assert "gemv_mt16" in names[16] and "gemm_bm64" in names[17] and "splitk" in names[17]
     assert "gemm_bm128" in names[256] and "splitk" not in names[256]
+
+
+def test_a_failed_measurement_keeps_the_static_route(monkeypatch, tmp_path, capsys):
+    """Inside mx.compile's trace the timing cannot evaluate: the call keeps the static route,
+    nothing is recorded, a later call measures again. The hook ops.w4a16_matmul runs, with the
+    shape it derives (M = rows of x over its batch dims, N = weight rows, K)."""
+    seen = []
+
+    def failing(m, n, k, dtype, mode, route):
+        seen.append((m, n, k, mode))
+        raise ValueError("[eval] Attempting to eval an array during function transformations")
+
+    t, applied = make(tmp_path, failing)
+    monkeypatch.setattr(tuning, "active", lambda: True)
+    monkeypatch.setattr(tuning, "tuner", lambda: t)
+    x = mx.zeros((2, 3, 64), dtype=mx.bfloat16)
+    w = mx.zeros((8, 32), dtype=mx.uint8)
+    tuning.before_matmul(x, w, "nvfp4", mx.gpu)
+    assert seen == [(6, 8, 64, "nvfp4")] and t.table() == [] and applied == []
+    assert "static route" in capsys.readouterr().err
+    tuning.before_matmul(x, w, "nvfp4", mx.cpu)  # a CPU stream: nothing to route
+    tuning.before_matmul(x[..., :40], w, "nvfp4", mx.gpu)  # K % 16 != 0: no MLX kernel to compare
+    assert len(seen) == 1

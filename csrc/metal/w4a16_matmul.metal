@@ -37,7 +37,8 @@ struct ARows {
 
 // ARows::live for a simdgroup whose first fragment row is `first` of `rows` rows that exist.
 inline int live_frag_rows(int first, int rows) {
-  return clamp((rows - first + kMetalFrag - 1) / kMetalFrag, 0, kMetalSgFrags);
+  const int live = (rows - first + kMetalFrag - 1) / kMetalFrag;
+  return live < 0 ? 0 : live > kMetalSgFrags ? int(kMetalSgFrags) : live;
 }
 
 // The B tile's element type and the decode's scale type, per mode. NVFP4: half (every E2M1 x

@@ -205,10 +205,12 @@ def tuner():
 
 
 def _on_gpu(stream):
+    """Whether the op's stream argument (None, a Stream, a Device or mx.gpu / mx.cpu) is the GPU."""
     if stream is None:
-        return mx.default_device() == mx.gpu
-    device = stream if isinstance(stream, mx.Device) else stream.device
-    return device == mx.gpu
+        stream = mx.default_device()
+    if isinstance(stream, mx.Stream):
+        stream = stream.device
+    return (stream.type if isinstance(stream, mx.Device) else stream) == mx.gpu
 
 
 def before_matmul(x, w, mode="nvfp4", stream=None):
@@ -223,7 +225,7 @@ def before_matmul(x, w, mode="nvfp4", stream=None):
         return
     try:
         tuner().route(m, w.shape[0], k, x.dtype, mode)
-    except RuntimeError as err:  # e.g. inside mx.compile's trace: no eval; keep the static table
+    except (RuntimeError, ValueError) as err:  # inside mx.compile's trace eval raises: static route
         print(f"[mlx_fp4] Metal tuning skipped ({err}); static route", file=sys.stderr)
 
 
