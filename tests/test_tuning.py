@@ -167,4 +167,6 @@ def test_a_failed_measurement_keeps_the_static_route(monkeypatch, tmp_path, caps
     assert "static route" in capsys.readouterr().err
     tuning.before_matmul(x, w, "nvfp4", mx.cpu)  # a CPU stream: nothing to route
     tuning.before_matmul(x[..., :40], w, "nvfp4", mx.gpu)  # K % 16 != 0: no MLX kernel to compare
+    monkeypatch.setenv(tuning.ENV_ROUTE, "ours")  # a forced route: nothing to measure
+    tuning.before_matmul(x, w, "nvfp4", mx.gpu)
     assert len(seen) == 1

@@ -25,6 +25,7 @@ import mlx.core as mx
 from . import _ext
 
 ENV_TUNE = "MLX_FP4_METAL_TUNE"
+ENV_ROUTE = "MLX_FP4_METAL_ROUTE"  # ours / mlx / cpu force a route (csrc/ops.cpp); auto: tuned
 ENV_CACHE_DIR = "MLX_FP4_CACHE_DIR"
 CACHE_FILE = "metal_tuning.json"
 SCHEMA = 1
@@ -215,6 +216,8 @@ def _on_gpu(stream):
 
 def before_matmul(x, w, mode="nvfp4", stream=None):
     """Called by ops.w4a16_matmul before the op is built: on first use of the bucket, measure."""
+    if os.environ.get(ENV_ROUTE, "auto") != "auto":
+        return  # a forced route wins over any measurement (and both timings would run it)
     if not active() or not _on_gpu(stream) or mode not in BLOCK or x.ndim < 1:
         return
     k = x.shape[-1]

@@ -37,6 +37,10 @@ def test_markdown_renders_gpu_rows():
     assert "| 4096x4096 | 1 | ours | mlx_fp4_w4a16_gemv_mt1 | 20.0 | 20.5 | 30.0 | 1.50 | 1.46 | 400 |" in md
     assert "RuntimeError: y" in md
     assert "| 32 | 4096 | 4096 | bfloat16 | nvfp4 | mlx | 20.0 | 10.0 |" in md
+    doc["configs"] = [{"m": 16, "n": 4096, "k": 4096, "config": "gemv16", "us": 12.34},
+                      {"m": 16, "n": 4096, "k": 4096, "config": "gemm64", "error": "RuntimeError: z"}]
+    md = metal_report.markdown(doc)
+    assert "| 16 | gemv16 | 12.3 |" in md and "| 16 | gemm64 | RuntimeError: z |" in md
 
 
 def test_paravirtual_gpu_gets_no_speed_table(monkeypatch):

@@ -10,7 +10,8 @@
    kernel forced (MLX_FP4_METAL_ROUTE=ours); each row names the route and our kernel. Weight copies
    spanning 4x the largest system-level cache are cycled, so every call reads cold weights. Only on
    an Apple7+ GPU: a paravirtual or other GPU gets no speed table (the reason instead). Then the
-   tuner's table (mx_fp4.metal_tuning()).
+   tuner's table (mx_fp4.metal_tuning()) and our own configurations forced where the cost model
+   calls them close (CONFIG_TIMINGS).
 4. The end-to-end decode benchmark (python -m mlx_fp4.bench decode, 8 layers; needs mlx-lm;
    --no-decode skips it), its JSON next to this report.
 5. The MoE benchmark (python -m mlx_fp4.bench moe: Qwen3-30B-A3B MoE MLP at 1 and 16 tokens and a
@@ -43,6 +44,11 @@ CHECK_SHAPES = [(1, 70, 37), (3, 64, 256), (8, 130, 200), (16, 96, 512), (70, 65
 # every row count of the vector path, then the cost model's grid (tests/metal_sim/costmodel.py)
 GRID_M = list(range(1, GEMV_MAX_M + 1)) + [24, 32, 48, 64, 128, 256, 512, 1024]
 SLC_ROTATIONS = 4  # weight bytes cycled = this many times the largest SLC (tuning.SLC_MAX_BYTES)
+# Our own alternatives where the cost model calls it close (docs/metal.md), timed forced at
+# 4096 x 4096: the GEMV against the GEMM at the vector path's last row count, the staged
+# single-buffer BM = 128 pipeline (the default, from the seed's M5 numbers) against the
+# double-buffered one at large M.
+CONFIG_TIMINGS = {16: ["gemv16", "gemm64"], 256: ["gemm128s", "gemm128"], 1024: ["gemm128s", "gemm128"]}
 MOE_TOKENS = ["1", "16", "512"]  # decode, the plan path, a sorted prefill
 # The sorted prefill's gathered kernels forced in turn (MLX_FP4_METAL_GATHER) around the rule's
 # crossover (kMetalGatherGemmMinRows = 32 pairs per expert: 512 tokens of 128 experts, top-8).
@@ -230,6 +236,29 @@ def speed(grid_nk, grid_m, cfg, memory_bytes=None):
     return rows
 
 
+def config_speed(cfg, memory_bytes=None, n=4096, k=4096):
+    """Our kernel configurations forced (MLX_FP4_METAL_KERNEL, route ours) at CONFIG_TIMINGS."""
+    from mlx_fp4 import tuning
+
+    ours = baselines.Fp4Impl()
+    ws = baselines.WeightSet(shapes.Shape(f"{n}x{k}", n, k))
+    ours.setup(ws, baselines.copies_for(ws.shape.weight_bytes, SLC_ROTATIONS * tuning.SLC_MAX_BYTES,
+                                        (memory_bytes or 16 << 30) // 4))
+    rows = []
+    for m, configs in CONFIG_TIMINGS.items():
+        x = mx.array(np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)).astype(mx.bfloat16)
+        for config in configs:
+            def run(c=config):
+                return _with_env("MLX_FP4_METAL_KERNEL", c, lambda: timing.measure(ours.runner(x), cfg).seconds)
+            try:
+                t = _with_env("MLX_FP4_METAL_ROUTE", "ours", run)
+                rows.append({"m": m, "n": n, "k": k, "config": config, "us": t and t * 1e6})
+            except Exception as e:  # report, do not stop
+                rows.append({"m": m, "n": n, "k": k, "config": config, "error": f"{type(e).__name__}: {e}"})
+    ours.release()
+    return rows
+
+
 def markdown(doc):
     g = doc["gpu"]
     out = [f"# mlx_fp4 Metal report\n",
@@ -254,6 +283,7 @@ def markdown(doc):
     else:
         out.append(_speed_markdown(doc.get("speed", [])))
         out.append(_tuning_markdown(doc.get("tuning")))
+        out.append(_configs_markdown(doc.get("configs", [])))
     for name in ("decode", "moe", "moe_runs", "moe_gemm"):
         if name in doc:
             out.append(f"\n{name.capitalize()} benchmark: exit code {doc[name]['exit_code']}, results in "
@@ -293,6 +323,18 @@ def _tuning_markdown(t):
     return "".join(out)
 
 
+def _configs_markdown(rows):
+    if not rows:
+        return ""
+    out = ["\n## Our configurations forced, 4096x4096, bf16 (where the cost model calls them close)\n\n",
+           "| M | config | us |\n|---|---|---|\n"]
+    for r in rows:
+        us = r.get("us")
+        cell = r.get("error") or ("-" if us is None else f"{us:.1f}")
+        out.append(f"| {r['m']} | {r['config']} | {cell} |\n")
+    return "".join(out)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m mlx_fp4.bench metal-report", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench-out")
@@ -322,6 +364,7 @@ def main(argv=None) -> int:
         if not doc["gpu"]["no_speed_table"]:
             doc["speed"] = speed(grid_nk, GRID_M, cfg, doc["gpu"].get("memory_bytes"))
             doc["tuning"] = mlx_fp4.metal_tuning()
+            doc["configs"] = config_speed(cfg, doc["gpu"].get("memory_bytes"))
         if not args.no_decode:
             from . import decode
 
