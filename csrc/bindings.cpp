@@ -145,9 +145,11 @@ std::vector<mlx_fp4::EpilogueSpec> parse_epilogue(const std::optional<nb::object
 const char* const kRouteNames[] = {"ours", "mlx", "cpu"};
 const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
 
-mlx_fp4::MetalRouteKey route_key(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode) {
+// experts > 0: the gathered op's key (m = all pairs' rows of x).
+mlx_fp4::MetalRouteKey route_key(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode,
+                                 int64_t experts, bool sorted) {
   return {mlx_fp4::metal_shape_bucket(m), n, k, mlx_fp4::operand_dtype_code(dtype),
-          mlx_fp4::parse_mode(mode, "metal_route")};
+          mlx_fp4::parse_mode(mode, "metal_route"), experts, sorted};
 }
 
 fp4::MetalRoute parse_route(const std::string& name) {
@@ -161,28 +163,31 @@ void bind_metal_routes(nb::module_& m) {
   m.def("_metal_shape_bucket", &mlx_fp4::metal_shape_bucket, "m"_a,
         "The tuner's bucket of M rows: M up to 16, then the next power of two.");
   m.def("_metal_route_set",
-        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode, std::optional<std::string> route) {
-          const auto key = route_key(m, n, k, dtype, mode);
+        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode, std::optional<std::string> route,
+           int64_t experts, bool sorted) {
+          const auto key = route_key(m, n, k, dtype, mode, experts, sorted);
           if (route) {
             mlx_fp4::metal_route_table().set(key, parse_route(*route));
           } else {
             mlx_fp4::metal_route_table().erase(key);
           }
         },
-        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a, "route"_a.none(),
-        "Sets (None: removes) the measured route of M's bucket, N, K, x dtype and mode.");
+        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a, "route"_a.none(), nb::kw_only(), "experts"_a = 0, "sorted"_a = false,
+        "Sets (None: removes) the measured route of M's bucket, N, K, x dtype and mode (experts > 0: of the "
+        "gathered op, M = all pairs' rows).");
   m.def("_metal_route_get",
-        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode) -> std::optional<std::string> {
-          const auto r = mlx_fp4::metal_route_table().get(route_key(m, n, k, dtype, mode));
+        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode, int64_t experts,
+           bool sorted) -> std::optional<std::string> {
+          const auto r = mlx_fp4::metal_route_table().get(route_key(m, n, k, dtype, mode, experts, sorted));
           return r ? std::optional<std::string>(kRouteNames[int(*r)]) : std::nullopt;
         },
-        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a);
+        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a, nb::kw_only(), "experts"_a = 0, "sorted"_a = false);
   m.def("_metal_route_clear", []() { mlx_fp4::metal_route_table().clear(); });
   m.def("_metal_route_entries", []() {
     nb::list out;
     for (const auto& [key, route] : mlx_fp4::metal_route_table().entries()) {
       out.append(nb::make_tuple(key.bucket, key.n, key.k, kDtypeNames[key.dtype], mlx_fp4::mode_name(key.mode),
-                                kRouteNames[int(route)]));
+                                key.experts, key.sorted, kRouteNames[int(route)]));
     }
     return out;
   });

@@ -1,7 +1,8 @@
-// Measured route decisions of the Metal tuner (python/mlx_fp4/metal_tuning.py), consulted by
-// ops.cpp's metal_route before the static table (csrc/metal/w4a16_route.h) under
-// MLX_FP4_METAL_ROUTE=auto. Keyed by a shape bucket, N, K, x's dtype and the mode; the tuner
-// fills it from its cache file or from timings on the device.
+// Measured route decisions of the Metal tuner (python/mlx_fp4/tuning.py), consulted by ops.cpp's
+// metal_route before the static table (csrc/metal/w4a16_route.h) under MLX_FP4_METAL_ROUTE=auto,
+// and by gather_ops.cpp (ours or mx.gather_qmm). Keyed by a shape bucket, N, K, x's dtype and the
+// mode (gathered: also the experts and the sorted hint); the tuner fills it from its cache file
+// or from timings on the device.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -30,13 +31,16 @@ inline int64_t metal_shape_bucket(int64_t m) {
 }
 
 struct MetalRouteKey {
-  int64_t bucket = 0;
+  int64_t bucket = 0;   // metal_shape_bucket of the rows of x (gathered: of all pairs' rows)
   int64_t n = 0;
   int64_t k = 0;
-  int dtype = 0;  // fp4 operand dtype code of x (kDtypeF32 / F16 / BF16)
-  int mode = 0;   // fp4::Mode
+  int dtype = 0;        // fp4 operand dtype code of x (kDtypeF32 / F16 / BF16)
+  int mode = 0;         // fp4::Mode
+  int64_t experts = 0;  // gathered op: experts (0: the dense op)
+  bool sorted = false;  // gathered op: the sorted-indices hint
   bool operator<(const MetalRouteKey& o) const {
-    return std::tie(bucket, n, k, dtype, mode) < std::tie(o.bucket, o.n, o.k, o.dtype, o.mode);
+    return std::tie(bucket, n, k, dtype, mode, experts, sorted) <
+        std::tie(o.bucket, o.n, o.k, o.dtype, o.mode, o.experts, o.sorted);
   }
 };
 

@@ -22,8 +22,8 @@ class FakeTimer:
         self.t = {"ours": ours, "mlx": mlx}
         self.calls = []
 
-    def __call__(self, m, n, k, dtype, mode, route):
-        self.calls.append((m, n, k, route))
+    def __call__(self, m, n, k, dtype, mode, route, experts=0, sorted=False):
+        self.calls.append((m, n, k, route) + ((experts, sorted) if experts else ()))
         return self.t[route]
 
 
@@ -100,7 +100,13 @@ def test_route_table_in_the_extension():
         _ext._metal_route_set(20, 64, 128, mx.bfloat16, "nvfp4", "mlx")
         assert _ext._metal_route_get(30, 64, 128, mx.bfloat16, "nvfp4") == "mlx"  # same bucket
         assert _ext._metal_route_get(30, 64, 128, mx.float16, "nvfp4") is None
-        assert _ext._metal_route_entries() == [(32, 64, 128, "bfloat16", "nvfp4", "mlx")]
+        assert _ext._metal_route_entries() == [(32, 64, 128, "bfloat16", "nvfp4", 0, False, "mlx")]
+        # the gathered op's keys are apart: experts and the sorted hint
+        assert _ext._metal_route_get(30, 64, 128, mx.bfloat16, "nvfp4", experts=8) is None
+        _ext._metal_route_set(30, 64, 128, mx.bfloat16, "nvfp4", "ours", experts=8, sorted=True)
+        assert _ext._metal_route_get(20, 64, 128, mx.bfloat16, "nvfp4", experts=8, sorted=True) == "ours"
+        assert _ext._metal_route_get(20, 64, 128, mx.bfloat16, "nvfp4", experts=8) is None
+        _ext._metal_route_set(30, 64, 128, mx.bfloat16, "nvfp4", None, experts=8, sorted=True)
         _ext._metal_route_set(20, 64, 128, mx.bfloat16, "nvfp4", None)
         assert _ext._metal_route_entries() == []
         with pytest.raises(ValueError, match="ours, mlx or cpu"):
@@ -153,7 +159,7 @@ def test_a_failed_measurement_keeps_the_static_route(monkeypatch, tmp_path, caps
     shape it derives (M = rows of x over its batch dims, N = weight rows, K)."""
     seen = []
 
-    def failing(m, n, k, dtype, mode, route):
+    def failing(m, n, k, dtype, mode, route, experts=0, sorted=False):
         seen.append((m, n, k, mode))
         raise ValueError("[eval] Attempting to eval an array during function transformations")
 
@@ -170,3 +176,34 @@ def test_a_failed_measurement_keeps_the_static_route(monkeypatch, tmp_path, caps
     monkeypatch.setenv(tuning.ENV_ROUTE, "ours")  # a forced route: nothing to measure
     tuning.before_matmul(x, w, "nvfp4", mx.gpu)
     assert len(seen) == 1
+
+
+def test_gathered_op_is_tuned_per_experts_and_hint(tmp_path):
+    timer = FakeTimer(2.0, 1.0)
+    t, applied = make(tmp_path, timer)
+    assert t.route(512, 768, 2048, mx.bfloat16, "nvfp4", 128, True) == "mlx"
+    assert t.route(512, 768, 2048, mx.bfloat16, "nvfp4") == "mlx"  # the dense op: another entry
+    t.route(400, 768, 2048, mx.bfloat16, "nvfp4", 128, True)      # same bucket (512)
+    t.route(512, 768, 2048, mx.bfloat16, "nvfp4", 128, False)     # no hint: another entry
+    assert len(timer.calls) == 6 and timer.calls[0] == (512, 768, 2048, "ours", 128, True)
+    assert [(e["experts"], e["sorted"]) for e in applied] == [(128, True), (0, False), (128, False)]
+    t2, _ = make(tmp_path, FakeTimer(1.0, 2.0))
+    assert t2.state == "loaded" and t2.route(512, 768, 2048, mx.bfloat16, "nvfp4", 128, True) == "mlx"
+
+
+def test_gather_hook_keys_like_the_op(monkeypatch, tmp_path):
+    """before_gather derives what gather_ops.cpp keys on: all pairs' rows (the indices' broadcast
+    shape times x's rows), N, K, the experts, the hint only with rhs and without lhs."""
+    timer = FakeTimer(1.0, 2.0)
+    t, _ = make(tmp_path, timer)
+    monkeypatch.setattr(tuning, "active", lambda: True)
+    monkeypatch.setattr(tuning, "tuner", lambda: t)
+    x = mx.zeros((24, 1, 1, 64), dtype=mx.bfloat16)  # mlx-lm's SwitchGLU layout: [B, 1, 1, K]
+    w = mx.zeros((8, 16, 32), dtype=mx.uint8)
+    rhs = mx.zeros((24, 2), dtype=mx.uint32)
+    lhs = mx.zeros((24, 1), dtype=mx.uint32)
+    tuning.before_gather(x, w, None, rhs, True, "nvfp4", mx.gpu)
+    tuning.before_gather(x, w, lhs, rhs, True, "nvfp4", mx.gpu)  # lhs given: the hint does not hold
+    assert timer.calls[0] == (64, 16, 64, "ours", 8, True) and timer.calls[2] == (64, 16, 64, "ours", 8, False)
+    tuning.before_gather(x[:3], w, None, rhs, True, "nvfp4", mx.gpu)  # does not broadcast: the op raises
+    assert len(timer.calls) == 4

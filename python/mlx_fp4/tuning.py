@@ -2,7 +2,8 @@
 
 On first use of a (GPU, shape bucket, x dtype, mode) on an Apple7+ GPU, ``w4a16_matmul`` times our
 Metal kernel against MLX's own (``mx.quantized_matmul``, through the op's MLX route) on the same
-weight bytes, a few warm runs over weight copies larger than the GPU's system-level cache, and
+weight bytes (``gather_w4a16_matmul`` likewise against ``mx.gather_qmm``, per number of experts and
+sorted hint), a few warm runs over weight copies larger than the GPU's system-level cache, and
 routes that bucket to the faster from then on. Decisions persist in ``metal_tuning.json`` in the
 user's cache directory, keyed by GPU, macOS, MLX and package versions: a change of any of them, or
 a file that does not parse, starts a new table. ``MLX_FP4_METAL_TUNE=0`` turns it off (the static
@@ -73,19 +74,22 @@ def _dtype_name(dtype):
 
 
 def _entry_key(e):
-    return f"{e['bucket']}x{e['n']}x{e['k']}:{e['dtype']}:{e['mode']}"
+    op = f":e{e['experts']}{'s' if e['sorted'] else ''}" if e["experts"] else ""
+    return f"{e['bucket']}x{e['n']}x{e['k']}:{e['dtype']}:{e['mode']}{op}"
 
 
 def _valid_entry(e):
     return (isinstance(e, dict) and e.get("route") in ROUTES
-            and all(isinstance(e.get(f), int) for f in ("bucket", "n", "k"))
+            and all(isinstance(e.get(f), int) for f in ("bucket", "n", "k", "experts"))
+            and isinstance(e.get("sorted"), bool)
             and e.get("dtype") in ("float32", "float16", "bfloat16") and e.get("mode") in BLOCK
             and all(isinstance(e.get(f), (int, float)) for f in ("ours_s", "mlx_s")))
 
 
 class Tuner:
-    """Decisions for one environment, persisted at `path`. `timer(m, n, k, dtype, mode, route)`
-    returns seconds per call of that route; `apply(entry)` hands a decision to the op."""
+    """Decisions for one environment, persisted at `path`. `timer(m, n, k, dtype, mode, route,
+    experts, sorted)` returns seconds per call of that route (experts > 0: the gathered op over m
+    rows in all); `apply(entry)` hands a decision to the op."""
 
     def __init__(self, path, env, timer, apply):
         self.path, self.env, self.timer, self.apply = Path(path), env, timer, apply
@@ -127,15 +131,17 @@ class Tuner:
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         tmp.replace(self.path)  # atomic: a reader never sees half a file
 
-    def route(self, m, n, k, dtype, mode):
-        """The measured route of the bucket of (m, n, k, dtype, mode), timing both on first use."""
+    def route(self, m, n, k, dtype, mode, experts=0, sorted=False):
+        """The measured route of the bucket of (m, n, k, dtype, mode[, experts, sorted]), timing
+        both on first use."""
         bucket = _ext._metal_shape_bucket(m)
-        e = {"bucket": bucket, "n": n, "k": k, "dtype": _dtype_name(dtype), "mode": mode}
+        e = {"bucket": bucket, "n": n, "k": k, "dtype": _dtype_name(dtype), "mode": mode,
+             "experts": experts, "sorted": bool(sorted)}
         key = _entry_key(e)
         with self._lock:
             if key not in self.decisions:
-                ours = float(self.timer(bucket, n, k, dtype, mode, "ours"))
-                theirs = float(self.timer(bucket, n, k, dtype, mode, "mlx"))
+                ours = float(self.timer(bucket, n, k, dtype, mode, "ours", experts, sorted))
+                theirs = float(self.timer(bucket, n, k, dtype, mode, "mlx", experts, sorted))
                 # ours only where it is not slower: ties keep ours (no extra rounding, no cast)
                 e.update(route="ours" if ours <= theirs else "mlx", ours_s=ours, mlx_s=theirs)
                 self.decisions[key] = e
@@ -149,24 +155,41 @@ class Tuner:
 
 def apply_to_op(e):
     dtype = getattr(mx, e["dtype"])
-    _ext._metal_route_set(e["bucket"], e["n"], e["k"], dtype, e["mode"], e["route"])
+    _ext._metal_route_set(e["bucket"], e["n"], e["k"], dtype, e["mode"], e["route"],
+                          experts=e["experts"], sorted=e["sorted"])
 
 
-def time_route(m, n, k, dtype, mode, route):
+def time_route(m, n, k, dtype, mode, route, experts=0, sorted=False):
     """Seconds per call of one route on the device: random weights (copies totalling COLD_BYTES,
-    cycled so every call reads cold ones), WARM_RUNS untimed passes, the median of TIMED_RUNS."""
+    cycled so every call reads cold ones), WARM_RUNS untimed passes, the median of TIMED_RUNS.
+    experts > 0: the gathered op, m pairs of one row each, random top-1 routing (sorted when the
+    hint is), weights [experts, N, K]."""
     block = BLOCK[mode]
     lo, hi = SCALE_CODES[mode]
-    copies = max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / (n * k // 2 + n * k // block))))
-    ws = [mx.random.randint(0, 256, (n, k // 2)).astype(mx.uint8) for _ in range(copies)]
-    ss = [mx.random.randint(lo, hi, (n, k // block)).astype(mx.uint8) for _ in range(copies)]
-    x = mx.random.normal((m, k)).astype(dtype)
+    lead = (experts,) if experts else ()
+    copy_bytes = max(experts, 1) * (n * k // 2 + n * k // block)
+    copies = max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / copy_bytes)))
+    ws = [mx.random.randint(0, 256, (*lead, n, k // 2)).astype(mx.uint8) for _ in range(copies)]
+    ss = [mx.random.randint(lo, hi, (*lead, n, k // block)).astype(mx.uint8) for _ in range(copies)]
+    if experts:
+        x = mx.random.normal((m, 1, k)).astype(dtype)
+        rhs = mx.random.randint(0, experts, (m,)).astype(mx.uint32)
+        rhs = mx.sort(rhs) if sorted else rhs
+
+        def call(w, s):
+            return _ext.gather_w4a16_matmul(x, w, s, rhs_indices=rhs, sorted_indices=sorted, mode=mode)
+    else:
+        x = mx.random.normal((m, k)).astype(dtype)
+
+        def call(w, s):
+            return _ext.w4a16_matmul(x, w, s, mode=mode)
     mx.eval(ws, ss, x)
-    before = _ext._metal_route_get(m, n, k, dtype, mode)
-    _ext._metal_route_set(m, n, k, dtype, mode, route)
+    key = dict(experts=experts, sorted=sorted)
+    before = _ext._metal_route_get(m, n, k, dtype, mode, **key)
+    _ext._metal_route_set(m, n, k, dtype, mode, route, **key)
     try:
         def one_pass():
-            mx.eval([_ext.w4a16_matmul(x, w, s, mode=mode) for w, s in zip(ws, ss)])
+            mx.eval([call(w, s) for w, s in zip(ws, ss)])
 
         for _ in range(WARM_RUNS):
             one_pass()
@@ -176,7 +199,7 @@ def time_route(m, n, k, dtype, mode, route):
             one_pass()
             times.append((time.perf_counter() - t0) / copies)
     finally:
-        _ext._metal_route_set(m, n, k, dtype, mode, before)
+        _ext._metal_route_set(m, n, k, dtype, mode, before, **key)
     return statistics.median(times)
 
 
@@ -226,10 +249,42 @@ def before_matmul(x, w, mode="nvfp4", stream=None):
     m = x.size // k
     if m == 0:
         return
+    _route(m, w.shape[0], k, x.dtype, mode)
+
+
+def _route(m, n, k, dtype, mode, experts=0, sorted=False):
     try:
-        tuner().route(m, w.shape[0], k, x.dtype, mode)
+        tuner().route(m, n, k, dtype, mode, experts, sorted)
     except (RuntimeError, ValueError) as err:  # inside mx.compile's trace eval raises: static route
         print(f"[mlx_fp4] Metal tuning skipped ({err}); static route", file=sys.stderr)
+
+
+def before_gather(x, w, lhs_indices=None, rhs_indices=None, sorted_indices=False, mode="nvfp4",
+                  stream=None):
+    """Called by ops.gather_w4a16_matmul: the gathered op's bucket (all pairs' rows of x), N, K,
+    experts and hint as gather_ops.cpp keys them (pairs: the indices' broadcast shape, the hint
+    only with rhs and no lhs, as mx.gather_qmm), measured on first use against mx.gather_qmm."""
+    import numpy as np
+
+    if os.environ.get(ENV_ROUTE, "auto") != "auto":
+        return
+    if not active() or not _on_gpu(stream) or mode not in BLOCK or x.ndim < 2 or w.ndim < 3:
+        return
+    k = x.shape[-1]
+    if k == 0 or k % BLOCK[mode] != 0:
+        return
+    xb, wb = tuple(x.shape[:-2]), tuple(w.shape[:-2])
+    lb = tuple(lhs_indices.shape) if lhs_indices is not None else xb
+    rb = tuple(rhs_indices.shape) if rhs_indices is not None else wb
+    try:
+        pairs = math.prod(np.broadcast_shapes(lb, rb))
+    except ValueError:
+        return  # the op raises its own error
+    rows = pairs * x.shape[-2]
+    if rows == 0:
+        return
+    hint = bool(sorted_indices and rhs_indices is not None and lhs_indices is None)
+    _route(rows, w.shape[-2], k, x.dtype, mode, math.prod(wb), hint)
 
 
 def metal_tuning():
