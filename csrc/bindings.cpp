@@ -15,6 +15,9 @@
 #include "mlx/version.h"
 #include "format_tables.h"
 #include "mlx_fp4.h"
+#include "metal/w4a16_dispatch.h"
+#include "metal_route_table.h"
+#include "primitives.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -137,6 +140,81 @@ std::vector<mlx_fp4::EpilogueSpec> parse_epilogue(const std::optional<nb::object
   return specs;
 }
 
+
+// The tuner's route table (metal_route_table.h): keys from Python arguments, routes as names.
+const char* const kRouteNames[] = {"ours", "mlx", "cpu"};
+const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
+
+// experts > 0: the gathered op's key (m = all pairs' rows of x).
+mlx_fp4::MetalRouteKey route_key(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode,
+                                 int64_t experts, bool sorted) {
+  return {mlx_fp4::metal_shape_bucket(m), n, k, mlx_fp4::operand_dtype_code(dtype),
+          mlx_fp4::parse_mode(mode, "metal_route"), experts, sorted};
+}
+
+fp4::MetalRoute parse_route(const std::string& name) {
+  for (int i = 0; i < 3; ++i) {
+    if (name == kRouteNames[i]) return static_cast<fp4::MetalRoute>(i);
+  }
+  mlx_fp4::throw_invalid("[metal_route] route must be ours, mlx or cpu but got '", name, "'.");
+}
+
+void bind_metal_routes(nb::module_& m) {
+  m.def("_metal_shape_bucket", &mlx_fp4::metal_shape_bucket, "m"_a,
+        "The tuner's bucket of M rows: M up to 16, then the next power of two.");
+  m.def("_metal_route_set",
+        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode, std::optional<std::string> route,
+           int64_t experts, bool sorted) {
+          const auto key = route_key(m, n, k, dtype, mode, experts, sorted);
+          if (route) {
+            mlx_fp4::metal_route_table().set(key, parse_route(*route));
+          } else {
+            mlx_fp4::metal_route_table().erase(key);
+          }
+        },
+        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a, "route"_a.none(), nb::kw_only(), "experts"_a = 0, "sorted"_a = false,
+        "Sets (None: removes) the measured route of M's bucket, N, K, x dtype and mode (experts > 0: of the "
+        "gathered op, M = all pairs' rows).");
+  m.def("_metal_route_get",
+        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode, int64_t experts,
+           bool sorted) -> std::optional<std::string> {
+          const auto r = mlx_fp4::metal_route_table().get(route_key(m, n, k, dtype, mode, experts, sorted));
+          return r ? std::optional<std::string>(kRouteNames[int(*r)]) : std::nullopt;
+        },
+        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a, nb::kw_only(), "experts"_a = 0, "sorted"_a = false);
+  m.def("_metal_route_clear", []() { mlx_fp4::metal_route_table().clear(); });
+  m.def("_metal_route_entries", []() {
+    nb::list out;
+    for (const auto& [key, route] : mlx_fp4::metal_route_table().entries()) {
+      out.append(nb::make_tuple(key.bucket, key.n, key.k, kDtypeNames[key.dtype], mlx_fp4::mode_name(key.mode),
+                                key.experts, key.sorted, kRouteNames[int(route)]));
+    }
+    return out;
+  });
+  m.def("_metal_kernel",
+        [](int64_t m, int64_t n, int64_t k, mx::Dtype dtype, const std::string& mode) {
+          // our dispatch's kernel for the shape (aligned buffers), as eval_gpu would plan it
+          fp4::W4A16Problem p{};
+          p.m = m;
+          p.n = n;
+          p.k = k;
+          p.x_dtype = p.out_dtype = mlx_fp4::operand_dtype_code(dtype);
+          p.mode = mlx_fp4::parse_mode(mode, "metal_kernel");
+          p.w_row_bytes = fp4::packed_bytes_for_k(k);
+          p.scale_row_bytes = fp4::scale_blocks_for_k(k, p.mode);
+          const fp4::MetalLaunch l = fp4::metal_plan(p, fp4::MetalAddresses{}, nullptr);
+          return l.kernel_name + (l.split ? "_splitk" + std::to_string(l.params.split_k) : "");
+        },
+        "m"_a, "n"_a, "k"_a, "dtype"_a, "mode"_a = "nvfp4",
+        "The Metal kernel our dispatch launches for the shape (the name eval_gpu compiles).");
+  m.def("_metal_static_route",
+        [](const std::string& arch, int64_t m, int64_t n, int64_t k, mx::Dtype dtype) {
+          return kRouteNames[int(fp4::metal_auto_route(fp4::parse_apple_gpu_arch(arch), m, n, k,
+                                                       dtype == mx::float32))];
+        },
+        "arch"_a, "m"_a, "n"_a, "k"_a, "dtype"_a,
+        "The static route (csrc/metal/w4a16_route.h) on a GPU architecture string, e.g. 'applegpu_g16s'.");
+}
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -326,6 +404,7 @@ scales per 32 weights (2^(byte - 127); 0xFF is NaN, where MLX decodes +Inf), no 
   for (const auto& e : mlx_fp4::epilogue_names()) names[e.name] = e.code;
   m.attr("EPILOGUE_OPS") = names;
 
+  bind_metal_routes(m);
   m.def("build_info", []() {
     nb::dict d;
     d["mlx_version"] = std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) + "." +

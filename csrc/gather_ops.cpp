@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "format_tables.h"
 #include "gather_primitive.h"
+#include "metal_route_table.h"
 #include "mlx/ops.h"
 #include "op_common.h"
 #include "primitives.h"
@@ -361,6 +362,16 @@ static mx::array gather_mlx_route(
   return finish_gather(mx::astype(y, mx::float32, s), in, epilogue, out_dtype, s);
 }
 
+// The Metal tuner's measured route of the gathered shape (python/mlx_fp4/tuning.py), if it has one:
+// rows = all pairs' rows of x, N, K, x dtype, mode, experts, the sorted hint.
+static std::optional<fp4::MetalRoute> tuned_gather_route(const Canonical& c) {
+  const GatherInputs& in = c.in;
+  const int64_t experts = product(in.w.shape().begin(), in.w.shape().end() - 2);
+  const MetalRouteKey key{metal_shape_bucket(int64_t(in.rhs.size()) * in.x.shape(-2)), in.w.shape(-2),
+                          in.x.shape(-1), operand_dtype_code(in.x.dtype()), in.mode, experts, c.sorted_rhs};
+  return metal_route_table().get(key);
+}
+
 mx::array gather_w4a16_matmul(
     const mx::array& x,
     const mx::array& w,
@@ -385,7 +396,10 @@ mx::array gather_w4a16_matmul(
   const bool kernel = mx::to_stream(s).device != mx::Device::gpu ||
                       (gather_gpu_kernel_available() && gather_gpu_kernel_supports_mode(c.in.mode));
   const bool mlx_layout = x.shape(-1) % fp4::block_size(c.in.mode) == 0;
-  auto y = kernel       ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
+  const bool tuned_mlx = kernel && mlx_layout && mx::to_stream(s).device == mx::Device::gpu &&
+                         tuned_gather_route(c) == fp4::MetalRoute::kMlx;
+  auto y = tuned_mlx    ? gather_mlx_route(c.in, chain, c.out_dtype, c.sorted_rhs, s)
+           : kernel     ? gather_w4a16_node(c.in, chain, c.out_dtype, c.sorted_rhs, s)
            : mlx_layout ? gather_mlx_route(c.in, chain, c.out_dtype, c.sorted_rhs, s)
                         : gather_w4a16_reference_canonical(c.in, chain, c.out_dtype, s);
   return squeeze_if(y, c.squeeze_m, s);

@@ -17,6 +17,8 @@
 #include "op_common.h"
 #include "ops_internal.h"
 #include "gather_primitive.h"
+#include "metal/w4a16_route.h"
+#include "metal_route_table.h"
 #include "primitives.h"
 
 namespace mlx::core::cu {
@@ -272,26 +274,21 @@ Prepared prepare(
 }
 
 // Where w4a16_matmul runs on an Apple GPU (docs/metal.md, "Routing"). MLX_FP4_METAL_ROUTE:
-// auto (default), ours, mlx, cpu.
+// auto (default: fp4::metal_auto_route of csrc/metal/w4a16_route.h), ours, mlx, cpu.
 // - cpu: GPUs without simdgroup_matrix and bfloat (before the Apple7 family, e.g. the
 //   paravirtual GPU of macOS CI VMs): our kernels cannot compile there; the op runs on the CPU
 //   (said once on stderr).
-// - mlx: GPUs with neural accelerators (architecture generation >= 17, M5) use them in MLX's
-//   qmm for M > 8, K % 64 == 0 and half/bfloat x; our simdgroup-matrix GEMM does not. The product
+// - mlx: where MLX's qmm runs on the M5's neural accelerators (its NAX kernel). The product
 //   comes back rounded to x's dtype (one extra rounding), then the global scale and the epilogue
 //   run as MLX ops in fp32.
-enum class MetalRoute { kOurs, kMlx, kCpu };
-constexpr int kAppleSiliconMinGen = 13;  // M1 = applegpu_g13: Apple7 (simdgroup_matrix, bfloat)
-constexpr int kNaxMinGen = 17;           // MLX's is_nax_available(): generation >= 17
-constexpr int kRouteMinM = 9;            // our vector path ends at M = 8
-constexpr int kNaxKAlign = 64;           // MLX's qmm_nax condition
-constexpr int kMlxBits = 4;              // MLX's quantized_matmul: group size = the mode's block
+using fp4::MetalRoute;
+constexpr int kMlxBits = 4;  // MLX's quantized_matmul: group size = the mode's block
 
-// The Apple GPU's architecture string from MLX's device_info and its generation
-// ("applegpu_g17s" -> 17; 0 if unknown), read once: the GPU does not change within a process.
+// The Apple GPU's architecture string from MLX's device_info ("applegpu_g17s"), read once: the
+// GPU does not change within a process.
 struct AppleGpu {
   std::string arch;
-  int generation;
+  fp4::AppleGpuId id;
 };
 
 const AppleGpu& apple_gpu() {
@@ -300,9 +297,8 @@ const AppleGpu& apple_gpu() {
     auto it = info.find("architecture");
     std::string arch = it != info.end() && std::holds_alternative<std::string>(it->second)
         ? std::get<std::string>(it->second) : "";
-    const std::string prefix = "applegpu_g";
-    const int gen = arch.rfind(prefix, 0) == 0 ? std::atoi(arch.c_str() + prefix.size()) : 0;
-    return AppleGpu{std::move(arch), gen};
+    const fp4::AppleGpuId id = fp4::parse_apple_gpu_arch(arch);
+    return AppleGpu{std::move(arch), id};
   }();
   return gpu;
 }
@@ -327,7 +323,9 @@ MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
     return MetalRoute::kMlx;
   }
   const AppleGpu& gpu = apple_gpu();
-  if (gpu.generation < kAppleSiliconMinGen) {
+  const int64_t m = c.x.size() / c.k;
+  const MetalRoute route = fp4::metal_auto_route(gpu.id, m, c.n, c.k, c.x.dtype() == mx::float32);
+  if (route == MetalRoute::kCpu) {
     static const bool said = [&] {  // once per process (thread-safe static initialization)
       std::fprintf(stderr, "[mlx_fp4] Metal GPU architecture '%s' is not Apple7 or later (no simdgroup_matrix "
                    "or bfloat): w4a16_matmul runs on the CPU. MLX_FP4_METAL_ROUTE=ours forces the Metal "
@@ -335,13 +333,15 @@ MetalRoute metal_route(const Checked& c, const mx::Stream& stream) {
       return true;
     }();
     (void)said;
-    return MetalRoute::kCpu;
+    return route;
   }
-  const int64_t m = c.x.size() / c.k;
-  if (gpu.generation >= kNaxMinGen && m >= kRouteMinM && c.k % kNaxKAlign == 0 && c.x.dtype() != mx::float32) {
-    return MetalRoute::kMlx;
+  // The tuner's measured decision for this shape, where it has one (MLX's route needs its layout).
+  const MetalRouteKey key{metal_shape_bucket(m), c.n, c.k, operand_dtype_code(c.x.dtype()), c.mode};
+  const std::optional<MetalRoute> tuned = metal_route_table().get(key);
+  if (tuned && (*tuned != MetalRoute::kMlx || c.k % fp4::block_size(c.mode) == 0)) {
+    return *tuned;
   }
-  return MetalRoute::kOurs;
+  return route;
 }
 
 // MLX's quantized_matmul in the problem's mode (nvfp4: the Metal route above; any mode: the GPU

@@ -9,6 +9,9 @@ import os
 # MLX's CUDA float32 matmul defaults to TF32, which would make the fp32 references and vjp checks
 # off by ~1e-3 on NVIDIA GPUs; the tests compare against full fp32.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
+# The Metal tuner (mlx_fp4.tuning) would time every new shape of the suite on a Mac and write to the
+# user's cache: off for the suite; test_metal_gpu.py turns it on with a temporary cache.
+os.environ.setdefault("MLX_FP4_METAL_TUNE", "0")
 
 import mlx.core as mx  # noqa: E402
 import pytest

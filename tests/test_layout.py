@@ -12,7 +12,7 @@ MAX_LINES = 600
 
 # A module may import only modules of a lower rank.
 RANK = {
-    "_build_info": 0, "_ext": 0, "_version_check": 1, "formats": 0, "ops": 1.5,
+    "_build_info": 0, "_ext": 0, "_version_check": 1, "formats": 0, "tuning": 1.2, "ops": 1.5,
     "layers.linear": 2, "layers.swiglu": 3, "layers.sharded": 3, "layers.switch": 3, "layers.sharded_switch": 3.5, "layers": 4,
     "convert": 5, "distributed": 6,
     "checkpoints.dialects": 6, "checkpoints.gguf": 6, "checkpoints.io": 7, "checkpoints.experts": 7, "checkpoints.models": 8, "checkpoints": 9,

@@ -179,6 +179,7 @@ inline void gather_gemm_tile(
     const uint l = lhs[m0 + min(local[i], count - 1)];
     a.off[i] = long(l < uint(g.x_batches) ? l : 0u) * p.k;  // a bad lhs: row 0 read, NaN stored
   }
+  a.live = live_frag_rows(sg_m * kMetalSgTile, count);
   simdgroup_float8x8 acc[kAcc];
   for (int i = 0; i < kAcc; ++i) {
     acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);

@@ -27,10 +27,19 @@ constant bool fc_gemm_out_vec2 [[function_constant(kMetalFcGemmOutVec2)]];
 constant bool fc_gemm_mxfp4 [[function_constant(kMetalFcGemmMxfp4)]];
 
 // Row offsets (in elements of x) of the 4 fragment rows one lane reads. Rows past M are clamped
-// to M - 1: they are read (in bounds) but their results are never stored.
+// to M - 1: they are read (in bounds) but their results are never stored. live: the simdgroup's
+// leading fragment rows that hold any row < M (the same for all its lanes); the MMA skips the
+// others, so a tile mostly past M (M = 9 ... 63 on the 64-row tile) does only the work it needs.
 struct ARows {
   long off[kMetalSgFrags];
+  int live;
 };
+
+// ARows::live for a simdgroup whose first fragment row is `first` of `rows` rows that exist.
+inline int live_frag_rows(int first, int rows) {
+  const int live = (rows - first + kMetalFrag - 1) / kMetalFrag;
+  return live < 0 ? 0 : live > kMetalSgFrags ? int(kMetalSgFrags) : live;
+}
 
 // The B tile's element type and the decode's scale type, per mode. NVFP4: half (every E2M1 x
 // E4M3 product has at most 6 significant bits and a magnitude in [2^-10, 2688]: exact in half).
@@ -154,8 +163,9 @@ inline void decode_own_scale(
 
 // Accumulates one strip of BK columns, [k0, k0 + BK), into this simdgroup's 32 x 32 tile.
 // B comes from the decoded threadgroup tile bs ([BN][BK + pad] of TT), A from device memory.
-// KMASK: the strip crosses K; A columns >= K read as zero and touch no memory past K.
-template <typename XT, int BK, bool KMASK, typename TT>
+// KMASK: the strip crosses K; A columns >= K read as zero and touch no memory past K. ALL: every
+// fragment row is live (a.live == 4, the common case: no per-row check in the unrolled loops).
+template <typename XT, int BK, bool KMASK, bool ALL, typename TT>
 inline void mma_strip(
     thread simdgroup_float8x8* acc,
     threadgroup const TT* bs,
@@ -173,6 +183,9 @@ inline void mma_strip(
     simdgroup_float8x8 bf[kMetalSgFrags];
     const int col = k0 + kk + fn;
     for (int i = 0; i < kMetalSgFrags; ++i) {
+      if (!ALL && i >= a.live) {
+        break;  // uniform per simdgroup
+      }
       float e0;
       float e1;
       if (KMASK) {
@@ -201,6 +214,9 @@ inline void mma_strip(
       bf[j].thread_elements()[1] = float(bs[(nl + 1) * ld + kk + fm]);
     }
     for (int i = 0; i < kMetalSgFrags; ++i) {
+      if (!ALL && i >= a.live) {
+        break;
+      }
       for (int j = 0; j < kMetalSgFrags; ++j) {
         simdgroup_multiply_accumulate(
             acc[i * kMetalSgFrags + j], af[i], bf[j], acc[i * kMetalSgFrags + j]);
@@ -225,7 +241,8 @@ struct ScaleWord<4> {
   typedef uint type;
 };
 
-// One strip's MMAs, the K-tail mask chosen by `full` (the strip lies inside K).
+// One strip's MMAs, the K-tail mask chosen by `full` (the strip lies inside K), the live-row
+// check only where a fragment row is past M (the K-tail strip, once per tile, keeps it).
 template <typename XT, int BK, typename TT>
 inline void mma_strip_at(
     thread simdgroup_float8x8* acc,
@@ -239,10 +256,16 @@ inline void mma_strip_at(
     short fm,
     short fn,
     int sg_n) {
-  if (full) {
-    mma_strip<XT, BK, false, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+  if (a.live == 0) {
+    return;  // uniform: no row of this simdgroup's tile exists
+  }
+  const bool all = a.live == kMetalSgFrags;
+  if (full && all) {
+    mma_strip<XT, BK, false, true, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+  } else if (full) {
+    mma_strip<XT, BK, false, false, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
   } else {
-    mma_strip<XT, BK, true, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
+    mma_strip<XT, BK, true, false, TT>(acc, bs, x, a, k0, k_end, x_vec, fm, fn, sg_n);
   }
 }
 
@@ -382,6 +405,7 @@ inline void w4a16_gemm_tile(
     const int r = min(m0 + sg_m * kMetalSgTile + i * kMetalFrag + fm, p.m - 1);
     a.off[i] = long(r) * p.k;
   }
+  a.live = live_frag_rows(m0 + sg_m * kMetalSgTile, p.m);
   simdgroup_float8x8 acc[kMetalSgFrags * kMetalSgFrags];
   for (int i = 0; i < kMetalSgFrags * kMetalSgFrags; ++i) {
     acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);

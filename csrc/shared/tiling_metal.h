@@ -53,21 +53,21 @@ FP4_CONST int kMetalGatherRunMinPairs = 64;
 // ... and from kMetalGatherGemmMinRows pairs per expert on average, the gathered GEMM instead
 // (gather_w4a16_gemm: the BM = kMetalSmallBM, BK = kMetalSmallBK fused GEMM tile over consecutive
 // pairs, one pass per expert among them). The crossover is the simulator's count
-// (tests/metal_sim/gather_cost.py, benchmarks/results/metal/gather_cost.json): per pair and
-// weight, at 4 pairs per expert the GEMM executes 7.2 instructions and loads 1.6 device bytes
-// against 8.0 and 3.0 for the runs, at 32 pairs 1.4 and 0.36 against 5.1 and 2.3; at 2 pairs it
-// executes more (11.7 against 9.9). No Apple GPU has timed it.
-FP4_CONST int kMetalGatherGemmMinRows = 4;
+// (tests/metal_sim/gather_cost.py, benchmarks/results/metal/gather_cost.json), in lane-cycles
+// with each simdgroup multiply weighted by its FMAs: per pair and weight the GEMM costs 6.7
+// against the runs' 5.5 at 16 pairs per expert (a 64-pair tile multiplies all its rows once per
+// expert in it), 4.1 against 5.1 at 32. No Apple GPU has timed it.
+FP4_CONST int kMetalGatherGemmMinRows = 32;
 // Rows of x per GEMV threadgroup for M rows: 1, 2, 4, 8 or 16 (one threadgroup row up to
 // M = 16: each weight block is decoded once per threadgroup row).
 FP4_FN constexpr int metal_gemv_mt(int m) {
   return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : kMetalGemvMaxMt;
 }
-// The automatic choice takes the vector path for M <= kMetalGemvAutoMaxM: the cost model's
-// crossover with the BM=64 GEMM (benchmarks/results/metal/cost_model.json: GEMV 22 vs GEMM 28
-// instructions per weight at M = 8, GEMV 38 at M = 16). Forced (MLX_FP4_METAL_KERNEL), the GEMV
-// takes up to kMetalGemvMaxM rows.
-FP4_CONST int kMetalGemvAutoMaxM = 8;
+// The automatic choice takes the vector path for M <= kMetalGemvAutoMaxM: in the cost model
+// (benchmarks/results/metal/cost_model.json, lane-cycles with each 8x8x8 simdgroup multiply
+// weighted by its 512 FMAs) the MT = 16 GEMV, which has no matrix work, costs less than the BM=64
+// GEMM up to M = 16. Forced (MLX_FP4_METAL_KERNEL), the GEMV takes up to kMetalGemvMaxM rows.
+FP4_CONST int kMetalGemvAutoMaxM = 16;
 FP4_CONST int kMetalGemvMaxM = 16;
 
 // Dispatch thresholds on M (rows of x). See docs/metal.md for the table and the reasons.

@@ -19,20 +19,30 @@ from ._ext import (  # noqa: F401
     w4a16_matmul_reference_ops,
 )
 from .export import _EXPORTING, export_mode, exporting, lowered_gather_w4a16_matmul, lowered_w4a16_matmul
+from .tuning import before_gather as _tune_gather, before_matmul as _tune_before, metal_tuning
 
 
 # Same signatures as the extension's functions (functools.wraps exposes them); inside export_mode()
 # the calls go to the MLX-native lowering instead.
 @functools.wraps(_ext.w4a16_matmul)
 def w4a16_matmul(*args, **kwargs):
-    fn = lowered_w4a16_matmul if _EXPORTING.get() else _ext.w4a16_matmul
-    return fn(*args, **kwargs)
+    if _EXPORTING.get():
+        return lowered_w4a16_matmul(*args, **kwargs)
+    x, w = (list(args[:2]) + [kwargs.get("x"), kwargs.get("w")][len(args[:2]):])[:2]
+    if x is not None and w is not None:  # Apple GPUs: the measured route (tuning.py); else no-op
+        _tune_before(x, w, kwargs.get("mode", "nvfp4"), kwargs.get("stream"))
+    return _ext.w4a16_matmul(*args, **kwargs)
 
 
 @functools.wraps(_ext.gather_w4a16_matmul)
 def gather_w4a16_matmul(*args, **kwargs):
-    fn = lowered_gather_w4a16_matmul if _EXPORTING.get() else _ext.gather_w4a16_matmul
-    return fn(*args, **kwargs)
+    if _EXPORTING.get():
+        return lowered_gather_w4a16_matmul(*args, **kwargs)
+    x, w = (list(args[:2]) + [kwargs.get("x"), kwargs.get("w")][len(args[:2]):])[:2]
+    if x is not None and w is not None:  # Apple GPUs: the measured route (tuning.py); else no-op
+        _tune_gather(x, w, kwargs.get("lhs_indices"), kwargs.get("rhs_indices"),
+                     kwargs.get("sorted_indices", False), kwargs.get("mode", "nvfp4"), kwargs.get("stream"))
+    return _ext.gather_w4a16_matmul(*args, **kwargs)
 
 
 __all__ = [
@@ -44,6 +54,7 @@ __all__ = [
     "exporting",
     "gather_w4a16_matmul",
     "gather_w4a16_matmul_reference_ops",
+    "metal_tuning",
     "quantize",
     "w4a16_matmul",
     "w4a16_matmul_reference_ops",

@@ -6,15 +6,19 @@ A counting runner is the kernel translation unit as clang-19 -O2 optimizes it fo
 machine (no auto-vectorization), instrumented per basic block and per memory access, then run by
 metal_sim on a real problem. Totals are over every thread of the dispatch, divided by N * K (the
 weights of the problem): "instructions per weight" is the thread-instructions the GPU issues per
-weight. See docs/metal.md for what it predicts and what it cannot.
+weight; "cost per weight" weights them per GPU generation (costmodel_gpus.py: a simdgroup
+multiply is its 512 FMAs). See docs/metal.md for what it predicts and what it cannot.
 
-Usage: python tests/metal_sim/costmodel.py [--quick] -> benchmarks/results/metal/cost_model.json
+Usage: python tests/metal_sim/costmodel.py [--quick] [--out DIR] (--help)
 """
 
+import argparse
 import json
 import os
+import subprocess
 from pathlib import Path
 
+import costmodel_gpus as gpus
 import ir_count
 
 SPACES = ["private", "device", "constant", "threadgroup", "other"]
@@ -36,7 +40,8 @@ def read_counts(runner, count_file):
 
 
 def summarize(cls, mem, weights, threadgroup_threads):
-    """The cost-model numbers of one dispatch (or a sum of dispatches)."""
+    """The cost-model numbers of one dispatch (or a sum of dispatches). by_class is per weight;
+    instructions_per_weight leaves out in-simdgroup barriers (costmodel_gpus.py)."""
     def acc(space, kind):
         return mem.get((space, kind), (0, 0))
 
@@ -45,10 +50,9 @@ def summarize(cls, mem, weights, threadgroup_threads):
     counted = {c: n for c, n in cls.items()}
     counted["device_access"] = device_instr
     counted["threadgroup_access"] = tg_instr
-    total = sum(counted.values())
     per_w = {c: n / weights for c, n in counted.items()}
     return {
-        "instructions_per_weight": total / weights,
+        "instructions_per_weight": sum(n for c, n in per_w.items() if c != "simd_barrier"),
         "device_bytes_per_weight": sum(acc("device", k)[1] for k in ("load", "store")) / weights,
         "threadgroup_bytes_per_weight":
             sum(acc("threadgroup", k)[1] for k in ("load", "store")) / weights,
@@ -65,23 +69,27 @@ def counting_env(count_file):
 
 
 # ---------------------------------------------------------------------------------------------
-# The grid of issue 15: every M, three weight shapes, ours and MLX's (bf16 x and output), per mode.
+# The grid: every M (dense at the vector/matrix crossovers), three weight shapes, every GPU
+# generation, ours and MLX's (bf16 x and output), per mode.
 
-GRID_M = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
+GRID_M = [1, 2, 4, 8, 9, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024]
 GRID_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
+QUICK_M = [1, 9, 16, 64]
 # Simulated weight rows. Per-weight numbers do not depend on N once N is a multiple of every
 # kernel's N tile (ours: 16 for the GEMV, 64 for the GEMM; MLX's: 8, 4 and 32), since each
 # threadgroup column does the same work: N = 64 gives the numbers of N = 4096 or 14336 exactly.
 # The kernel choice (and MLX's split-K factor) is made for the real N.
 SIM_N = 64
-MLX_GPU = (16, "s")  # MLX's dispatch for an M4 Max-class GPU (architecture gen 16, 's')
 # Our kernels the dispatch picks on the grid, bf16 in and out.
 OUR_KERNELS = [f"mlx_fp4_w4a16_gemv_mt{mt}_xbf16_obf16" for mt in (1, 2, 4, 8, 16)] + [
     "mlx_fp4_w4a16_gemm_bm64_bk32_s0_xbf16_obf16", "mlx_fp4_w4a16_gemm_bm128_bk64_s1_xbf16_obf16",
     "mlx_fp4_w4a16_splitk_reduce_obf16"]
 MODES = ["nvfp4", "mxfp4"]
-ROW_KEYS = ["impl", "mode", "kernel", "m", "n", "k", "instructions_per_weight",
-            "device_bytes_per_weight", "threadgroup_bytes_per_weight", "barriers_per_1k_weights"]
+ROW_KEYS = ["gpu", "impl", "mode", "kernel", "route", "m", "n", "k", "cost_per_weight",
+            "instructions_per_weight", "device_bytes_per_weight", "threadgroup_bytes_per_weight",
+            "barriers_per_1k_weights"]
+NUMBERS = ROW_KEYS[ROW_KEYS.index("cost_per_weight"):]
+NAX = "qmm_nax"  # MLX's M5 kernel: not in the simulator (no public MSL of the accelerators)
 
 
 # Scale bytes of the counted problems: E4M3 0x20..0x47 (2^-5 .. 15), E8M0 120..135 (2^-7 .. 2^8).
@@ -128,10 +136,9 @@ def ours_row(runner, work, m, n, k, mode="nvfp4"):
     return name, s
 
 
-def mlx_row(runner, work, m, n, k, mode="nvfp4"):
+def mlx_row(runner, work, m, n, k, mode, kind, params):
     import mlx_kernels as mk
 
-    kind, params = mk.mlx_plan(m, n, k, gpu=MLX_GPU, mode=mode)
     x, packed, scales = _problem(m, SIM_N, k, mode)
     count = Path(work) / "mlx.counts"
     mk.launch(runner, Path(work) / "mlx", x, packed, scales, kind=kind, dtype="bfloat16",
@@ -143,56 +150,121 @@ def mlx_row(runner, work, m, n, k, mode="nvfp4"):
         # MLX sums the fp32 partials in a separate strided-reduce kernel: one 4-byte load and one
         # add per partial, one 2-byte store per output (added here, not simulated).
         split = params["split_k"]
-        outs = m * SIM_N
         w = SIM_N * k
-        s["instructions_per_weight"] += (2 * split + 1) * outs / w
-        s["device_bytes_per_weight"] += (4 * split + 2) * outs / w
+        per_out = m * SIM_N / w
+        s["by_class"]["device_access"] += (split + 1) * per_out
+        s["by_class"]["float_alu"] += split * per_out
+        s["instructions_per_weight"] += (2 * split + 1) * per_out
+        s["device_bytes_per_weight"] += (4 * split + 2) * per_out
         kind = f"qmm_t_splitk{split}"
     return kind, s
 
 
-def compute(grid_m=GRID_M, grid_nk=GRID_NK, work=None, log=print, modes=MODES):
+def production_route(runner, arch, m, n, k):
+    """csrc/metal/w4a16_route.h's auto route for bf16 x (the runner's `route` command)."""
+    r = subprocess.run([str(runner), "route", arch, str(m), str(n), str(k), "0"],
+                       capture_output=True, text=True, check=True)
+    return dict(line.split() for line in r.stdout.splitlines())
+
+
+def mlx_choice(route, m, n, k, gen, size, mode):
+    """(kind, params) of MLX's kernel on the GPU; NAX where the production header says MLX runs it
+    (and MLX's batch limit transcribed twice, here and in C++, checked equal)."""
+    import mlx_kernels as mk
+
+    limit = mk.get_qmv_batch_limit(k, n, (gen, size))
+    assert int(route["mlx_batch_limit"]) == limit, (route, limit, gen, size, n, k)
+    if route["mlx_nax"] == "1":
+        return NAX, {}
+    return mk.mlx_plan(m, n, k, gpu=(gen, size), mode=mode)
+
+
+def compute(grid_m=GRID_M, grid_nk=GRID_NK, work=None, log=print, modes=MODES, gpu_names=None):
+    """(rows, by-class rows): one row per GPU, implementation, mode, shape and M; each counted
+    kernel is simulated once and costed per generation."""
     import tempfile
 
     import mlx_kernels as mk
     import simbuild
 
-    ours = simbuild.build_runner("ours-count", count=True, only=[
-        n for n in OUR_KERNELS])
+    ours = simbuild.build_runner("ours-count", count=True, only=list(OUR_KERNELS))
     mlx = mk.build_runner(count=True)
     work = Path(work or tempfile.mkdtemp(prefix="costmodel"))
-    rows, classes = [], []
-    for mode in modes:
-        for n, k in grid_nk:
-            for m in grid_m:
-                for impl, fn, runner in (("mlx_fp4", ours_row, ours), ("mlx", mlx_row, mlx)):
-                    row, cls = _row(impl, mode, fn(runner, work, m, n, k, mode), m, n, k)
-                    rows.append(row)
-                    classes.append(cls)
-                    log(f"{impl:8s} {mode} {row['kernel']:22s} m={m:5d} n={n:5d} k={k:5d} "
-                        f"instr/w {row['instructions_per_weight']:8.2f} "
-                        f"dev B/w {row['device_bytes_per_weight']:6.3f} "
-                        f"tg B/w {row['threadgroup_bytes_per_weight']:6.2f}")
+    rows, classes, counted = [], [], {}
+
+    def count(impl, mode, m, n, k, kind=None, params=None):
+        key = (impl, mode, m, n, k, kind, tuple(sorted((params or {}).items())))
+        if key not in counted:
+            res = (ours_row(ours, work, m, n, k, mode) if impl == "mlx_fp4"
+                   else mlx_row(mlx, work, m, n, k, mode, kind, params))
+            counted[key] = res
+            classes.append({"impl": impl, "mode": mode, "kernel": res[0], "m": m, "n": n, "k": k,
+                            **res[1]["by_class"],
+                            "private_accesses_per_weight": res[1]["private_accesses_per_weight"]})
+        return counted[key]
+
+    for gpu in gpu_names or list(gpus.GPUS):
+        arch = gpus.GPUS[gpu]
+        gen, size = gpus.gpu_id(arch)
+        for mode in modes:
+            for n, k in grid_nk:
+                for m in grid_m:
+                    route = production_route(ours, arch, m, n, k)
+                    kind, params = mlx_choice(route, m, n, k, gen, size, mode)
+                    theirs = None if kind == NAX else count("mlx", mode, m, n, k, kind, params)
+                    mine = count("mlx_fp4", mode, m, n, k)
+                    for impl, res in (("mlx_fp4", mine), ("mlx", theirs)):
+                        row = _row(gpu, gen, impl, mode, res, m, n, k,
+                                   route["route"] if impl == "mlx_fp4" else "mlx",
+                                   NAX if res is None else None)
+                        rows.append(row)
+                        c = row["cost_per_weight"]
+                        log(f"{gpu:5s} {impl:8s} {mode} {row['kernel']:26s} m={m:5d} n={n:5d} "
+                            f"k={k:5d} route {row['route']:4s} cost/w "
+                            f"{'-' if c is None else f'{c:8.2f}'}")
     return rows, classes
 
 
-def _row(impl, mode, counted, m, n, k):
-    """The cost_model.json row and the by-class row of one counted dispatch."""
+def _row(gpu, gen, impl, mode, counted, m, n, k, route, missing):
+    """The cost_model.json row of one counted dispatch on one GPU (numbers None: not simulated)."""
+    if counted is None:
+        return dict(zip(ROW_KEYS, [gpu, impl, mode, missing, route, m, n, k] + [None] * len(NUMBERS)))
     kernel, s = counted
-    row = dict(zip(ROW_KEYS, [impl, mode, kernel, m, n, k, s["instructions_per_weight"],
-                              s["device_bytes_per_weight"], s["threadgroup_bytes_per_weight"],
-                              s["barriers_per_1k_weights"]]))
-    cls = {"impl": impl, "mode": mode, "kernel": kernel, "m": m, "n": n, "k": k, **s["by_class"],
-           "private_accesses_per_weight": s["private_accesses_per_weight"]}
-    return row, cls
+    return dict(zip(ROW_KEYS, [gpu, impl, mode, kernel, route, m, n, k,
+                               gpus.cost(s["by_class"], gen), s["instructions_per_weight"],
+                               s["device_bytes_per_weight"], s["threadgroup_bytes_per_weight"],
+                               s["barriers_per_1k_weights"]]))
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "metal"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="costmodel.py", description=__doc__.split("\n\n")[0],
+        epilog="Writes cost_model.json (one row per GPU, implementation, mode, shape, M) and "
+               "cost_model_by_class.json (each counted kernel by instruction class).")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"M in {QUICK_M}, 4096 x 4096, nvfp4 only; written to a scratch directory "
+                         "(never over the committed results) unless --out is given")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"output directory (default: {RESULTS}; with --quick a temporary one)")
+    return ap.parse_args(argv)
 
 
 def main(argv):
     import sys
+    import tempfile
 
-    out = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "metal"
+    args = parse_args(argv)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.quick:
+        out = args.out or Path(tempfile.mkdtemp(prefix="costmodel-quick"))
+        rows, classes = compute(grid_m=QUICK_M, grid_nk=GRID_NK[:1], modes=MODES[:1], log=log)
+    else:
+        out = args.out or RESULTS
+        rows, classes = compute(log=log)
     out.mkdir(parents=True, exist_ok=True)
-    rows, classes = compute(log=lambda s: print(s, file=sys.stderr, flush=True))
     (out / "cost_model.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out / "cost_model_by_class.json").write_text(json.dumps(classes, indent=1) + "\n")
     print(out / "cost_model.json")
@@ -204,4 +276,4 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

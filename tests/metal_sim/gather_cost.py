@@ -1,5 +1,6 @@
 """The gathered (MoE) Metal kernel's cost at a sorted prefill, counted as costmodel.py counts the
-dense kernels: executed instructions and device bytes of one dispatch, per pair and weight: one
+dense kernels: cost (lane-cycles, costmodel_gpus.py), executed instructions and device bytes of
+one dispatch, per pair and weight: one
 GEMV pass per pair (no hint), runs of one expert within groups of kMetalGatherRun pairs (one GEMV
 pass each), and the plan's choice with the sorted hint (the gathered GEMM from
 kMetalGatherGemmMinRows pairs per expert); then runs against the GEMM, both forced, over pairs
@@ -25,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: common, gather_reference
 
 import costmodel as cm  # noqa: E402
+import costmodel_gpus as gpus  # noqa: E402
 import simbuild  # noqa: E402
 from simcase import BF16  # noqa: E402
 
@@ -78,8 +80,14 @@ def per_pair(runner, counts, problem, threadgroup_threads, **fields):
     cls, mem = cm.read_counts(runner, counts)
     weights = len(rhs) * w_bytes.shape[1] * x.shape[-1]  # pairs x one expert's weights
     s = cm.summarize(cls, mem, weights, threadgroup_threads)
-    return {**fields, "pairs": len(rhs), "instructions_per_pair_weight": s["instructions_per_weight"],
+    return {**fields, "pairs": len(rhs), "cost_per_pair_weight": gpus.cost(s["by_class"], COST_GEN),
+            "instructions_per_pair_weight": s["instructions_per_weight"],
             "device_bytes_per_pair_weight": s["device_bytes_per_weight"]}
+
+
+# The generation whose lane-cycle weights cost the counts (costmodel_gpus.py: the same matrix
+# rate on M1-M5, so any one gives the same numbers).
+COST_GEN = 16
 
 
 # Decode: Qwen3-30B-A3B's K (2048; MLX's fast kernel needs K % 512 == 0) and top-8, fewer

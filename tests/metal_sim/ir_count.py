@@ -5,7 +5,10 @@ namespaces) gets a call `msim_count_block(ID)` after its phis, and every load an
 `msim_count_mem(ptr, bytes, is_store)` (src/counters.cpp classifies the address at run time:
 device, constant, threadgroup, private). The static content of each block is classified here,
 once: integer ALU, float ALU, conversions, conditional branches, simd collectives, simdgroup
-matrix ops, barriers. Vector instructions count once per lane (Apple GPUs execute them lane by
+matrix ops, barriers, in-simdgroup barriers. `llvm.memcpy`/`memmove`/`memset` get a call
+`msim_count_copy(dst, src, bytes)` (a load of src and a store to dst, classified like any access:
+clang lowers 16-byte struct and array copies, such as MLX's x loads, to memcpy). Vector
+instructions count once per lane (Apple GPUs execute them lane by
 lane); bit casts, swizzles (extract/insert/shufflevector), integer width changes, taking the high
 16 bits of a 32-bit value for a 16-bit use, and unconditional branches count zero.
 
@@ -37,11 +40,13 @@ FLOAT_INTRINSICS = ("llvm.fma", "llvm.fmuladd", "llvm.fabs", "llvm.minnum", "llv
                     "llvm.exp", "llvm.log", "llvm.sin", "llvm.cos", "llvm.pow")
 CONV_INTRINSICS = ("llvm.fptosi.sat", "llvm.fptoui.sat", "llvm.lrint", "llvm.lround")
 FREE_INTRINSICS = ("llvm.lifetime", "llvm.assume", "llvm.dbg", "llvm.experimental.noalias",
-                   "llvm.memcpy", "llvm.memset", "llvm.memmove", "llvm.prefetch")
+                   "llvm.prefetch")
+# Block copies: no ALU work, their memory traffic is counted at run time (copy_call).
+COPY_INTRINSICS = ("llvm.memcpy", "llvm.memmove", "llvm.memset")
 # Shim functions: their code models the hardware (or the simulator) and is not counted.
 SHIM = re.compile(r"^_ZN(?:4msim|5metal6detail)|^_ZZN5metal|^_GLOBAL__|^__cxx_global|^msim_")
 CLASSES = ["int_alu", "float_alu", "conversion", "branch", "simd", "simdgroup_matrix", "barrier",
-           "call"]
+           "simd_barrier", "call"]
 
 SCALAR_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "half": 2, "bfloat": 2,
                 "float": 4, "double": 8, "ptr": 8}
@@ -153,7 +158,7 @@ def classify(line, strings):
     if op == "call" or op.startswith("call"):
         callee = re.search(r"@([\w.$]+)\(", rest)
         name = callee.group(1) if callee else ""
-        if name.startswith(FREE_INTRINSICS):
+        if name.startswith(FREE_INTRINSICS) or name.startswith(COPY_INTRINSICS):
             return None
         ret = first_type(rest)
         if name.startswith(INT_INTRINSICS):
@@ -165,7 +170,9 @@ def classify(line, strings):
         if "msim10collective" in name:
             what = re.search(r"\(ptr (?:noundef )?(?:nonnull )?(@[\w.]+)", rest)
             text = strings.get(what.group(1), "") if what else ""
-            return ("simdgroup_matrix", 1) if "simdgroup_multiply" in text else ("simd", 1)
+            if "simdgroup_multiply" in text:
+                return ("simdgroup_matrix", 1)
+            return ("simd_barrier", 1) if text.startswith("simdgroup_barrier\\") else ("simd", 1)
         if "msim7barrier" in name:
             return ("barrier", 1)
         if re.search(r"msim(3ctx|8tg_alloc|4fail|10buffer_arg|8tg_param|"
@@ -200,12 +207,32 @@ def mem_call(line):
             f"{type_bytes(t)}, i32 {store})")
 
 
+COPY = re.compile(r"^(?P<ind>\s+)(?:tail )?call void @llvm\.(?P<op>memcpy|memmove|memset)[\w.]*\((?P<args>.*)\)"
+                  r"(?: #\d+)?(?:, !.*)?$")
+
+
+def copy_call(line):
+    """The counting call for a memcpy/memmove/memset line (None for any other line)."""
+    m = COPY.match(line)
+    if not m:
+        return None
+    args = [a.strip() for a in split_top(m.group("args"))]
+    operand = lambda a: a.split()[-1]  # noqa: E731  (attributes come before the value)
+    dst = operand(args[0])
+    src = "null" if m.group("op") == "memset" else operand(args[1])
+    length = args[2]
+    ty, val = length.split()[0], operand(length)
+    return (f"{m.group('ind')}call void @msim_count_copy(ptr {dst}, ptr {src}, {ty} {val})",
+            ty)
+
+
 LABEL = re.compile(r"^([\w.$-]+):")
 
 
 def instrument(ir):
     strings = string_constants(ir)
     out, blocks = [], []
+    copy_types = set()
     lines = ir.split("\n")
     i, n = 0, len(lines)
     while i < n:
@@ -250,6 +277,10 @@ def instrument(ir):
                 mc = mem_call(line)
                 if mc:
                     block_lines.append(mc)
+                cc = copy_call(line)
+                if cc:
+                    block_lines.append(cc[0])
+                    copy_types.add(cc[1])
                 hh = HIGH_HALF.match(line)
                 c = None if hh and hh.group(1) in free_shifts else classify(line, strings)
                 if c:
@@ -263,4 +294,7 @@ def instrument(ir):
         i += 1
     out.append("declare void @msim_count_block(i32)")
     out.append("declare void @msim_count_mem(ptr, i32, i32)")
+    if copy_types - {"i64"}:
+        raise ValueError(f"block copy lengths of type {copy_types}: msim_count_copy takes i64")
+    out.append("declare void @msim_count_copy(ptr, ptr, i64)")
     return "\n".join(out), blocks

@@ -161,3 +161,35 @@ def test_forced_kernel_on_gpu_mxfp4(monkeypatch, force, dtype):
         out = mlx_fp4.w4a16_matmul(x, w, scales, epilogue=epilogue, mode="mxfp4", stream=mx.gpu)
         mx.eval(out)
         common.check_matmul(out, x, w, scales, k=k, epilogue=epilogue, mode="mxfp4")
+
+
+@needs_kernels
+def test_tuner_measures_and_persists_on_gpu(monkeypatch, tmp_path):
+    """On an Apple GPU the tuner times both routes of a new bucket, hands the faster to the op and
+    writes it to the cache file; a second process-level tuner loads it without timing."""
+    import json
+
+    import mlx_fp4
+    from mlx_fp4 import _ext, tuning
+
+    monkeypatch.setenv(tuning.ENV_TUNE, "1")
+    monkeypatch.setenv(tuning.ENV_CACHE_DIR, str(tmp_path))
+    monkeypatch.setattr(tuning, "_tuner", None)
+    monkeypatch.setattr(tuning, "_ACTIVE", None)
+    monkeypatch.setattr(tuning, "TIMED_RUNS", 2)
+    _ext._metal_route_clear()
+    try:
+        g = common.rng("metal_gpu_tuner")
+        x = common.rand_x((12, 256), mx.bfloat16, g)
+        w, scales, _ = common.rand_weights(512, 256, g)
+        out = mlx_fp4.w4a16_matmul(x, w, scales, stream=mx.gpu)
+        mx.eval(out)
+        common.check_matmul(out, x, w, scales, k=256)
+        (e,) = mlx_fp4.metal_tuning()["decisions"]
+        assert (e["bucket"], e["n"], e["k"], e["dtype"]) == (12, 512, 256, "bfloat16")
+        assert e["route"] == ("ours" if e["ours_s"] <= e["mlx_s"] else "mlx")
+        assert _ext._metal_route_get(12, 512, 256, mx.bfloat16, "nvfp4") == e["route"]
+        doc = json.loads((tmp_path / tuning.CACHE_FILE).read_text())
+        assert doc["environment"] == tuning.environment() and doc["decisions"] == [e]
+    finally:
+        _ext._metal_route_clear()

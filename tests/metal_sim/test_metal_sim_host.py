@@ -22,7 +22,8 @@ from simcheck import require_toolchain
 @pytest.mark.parametrize(
     "m,expected",
     [(1, "gemv_mt1"), (2, "gemv_mt2"), (3, "gemv_mt4"), (4, "gemv_mt4"), (5, "gemv_mt8"),
-     (8, "gemv_mt8"), (9, "gemm_bm64_bk32_s0"), (255, "gemm_bm64_bk32_s0"),
+     (8, "gemv_mt8"), (9, "gemv_mt16"), (16, "gemv_mt16"), (17, "gemm_bm64_bk32_s0"),
+     (255, "gemm_bm64_bk32_s0"),
      (256, "gemm_bm128_bk64_s1"), (5000, "gemm_bm128_bk64_s1")])
 def test_dispatch_table(sim_runner, m, expected):
     plan = sc.run_plan(sim_runner, m, 300, 200)

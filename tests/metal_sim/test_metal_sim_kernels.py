@@ -99,8 +99,8 @@ def test_split_k(sim_runner, tmp_path, force, m, n, k, guard, epilogue):
     assert plan["split"] == [str(-(-strips // per)), str(per)]
 
 
-@pytest.mark.parametrize("m,n,split", [(9, 4096, 8), (16, 4096, 8), (32, 4096, 4), (64, 4096, 2),
-                                       (128, 4096, 1), (16, 14336, 2), (256, 4096, 1)])
+@pytest.mark.parametrize("m,n,split", [(17, 4096, 4), (24, 4096, 4), (32, 4096, 4), (64, 4096, 2),
+                                       (128, 4096, 1), (17, 14336, 2), (256, 4096, 1)])
 def test_split_k_chosen_for_small_grids(sim_runner, m, n, split):
     # ceil(N / 64) tiles x split <= 512 threadgroups, split x M <= 128, K = 4096: 128 strips
     plan = sc.run_plan(sim_runner, m, n, 4096)
@@ -177,6 +177,15 @@ def test_special_values(sim_runner, tmp_path, force, k):
 @pytest.mark.parametrize("m", [1, 4, 5, 16, 17, 255, 256, 300])
 def test_auto_dispatch_runs(sim_runner, tmp_path, m):
     check(sim_runner, tmp_path, m, 70, 40, force="auto", epilogue="bias_silu")
+
+
+# The GEMM skips the fragment rows of a simdgroup past M (ARows::live): M ending inside every
+# fragment row of the 64- and 128-row tiles, a simdgroup with no row (M = 9 on BM = 64), the
+# K tail (the checked strip) and split-K.
+@pytest.mark.parametrize("force", GEMM_CONFIGS + ["gemm64k3"])
+@pytest.mark.parametrize("m", [1, 9, 17, 24, 33, 57, 65, 100])
+def test_gemm_rows_past_m(sim_runner, tmp_path, force, m):
+    check(sim_runner, tmp_path, m, 70, 100, force=force, guard="aligned")
 
 
 # ---------------------------------------------------------------------------------------------

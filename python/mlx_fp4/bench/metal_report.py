@@ -4,15 +4,22 @@
 2. Correctness: every Metal kernel configuration forced in turn (MLX_FP4_METAL_KERNEL) on ragged
    and aligned shapes, each dtype, against mlx_fp4 on the CPU (an independent implementation);
    the automatic choice and the route to MLX (MLX_FP4_METAL_ROUTE=mlx) too.
-3. Speed at every M of the cost model's grid (benchmarks/results/metal/cost_model.json) against
-   mx.quantized_matmul(mode="nvfp4") on the same bytes, as ratios measured in the same run.
+3. Speed at M = 1 ... 16 and the cost model's grid above (benchmarks/results/metal/cost_model.json)
+   against mx.quantized_matmul(mode="nvfp4") on the same bytes, as ratios measured in the same run:
+   the op as a user calls it (its route: ours or MLX's, by the tuner or the static table) and our
+   kernel forced (MLX_FP4_METAL_ROUTE=ours); each row names the route and our kernel. Weight copies
+   spanning 4x the largest system-level cache are cycled, so every call reads cold weights. Only on
+   an Apple7+ GPU: a paravirtual or other GPU gets no speed table (the reason instead). Then the
+   tuner's table (mx_fp4.metal_tuning()) and our own configurations forced where the cost model
+   calls them close (CONFIG_TIMINGS).
 4. The end-to-end decode benchmark (python -m mlx_fp4.bench decode, 8 layers; needs mlx-lm;
    --no-decode skips it), its JSON next to this report.
 5. The MoE benchmark (python -m mlx_fp4.bench moe: Qwen3-30B-A3B MoE MLP at 1 and 16 tokens and a
    512-token sorted prefill, against mx.gather_qmm(mode="nvfp4") and bf16 mx.gather_mm; --no-moe
    skips it), then ours alone with the GEMV over runs of 8 pairs and with the gathered GEMM forced
-   (MLX_FP4_METAL_GATHER) at 16, 64 and 512 tokens (1, 4 and 32 pairs per expert): the simulator
-   put their crossover at 4 pairs per expert (docs/metal.md), which only a Mac can time. The
+   (MLX_FP4_METAL_GATHER) at 64, 256, 512 and 1024 tokens (4 to 64 pairs per expert): the
+   simulator's cost model puts their crossover between 16 and 32 pairs per expert (docs/metal.md),
+   which only a Mac can time. The
    correctness part checks each gathered kernel forced too.
 
 Without an Apple GPU (or with a Metal device lacking what the kernels need) it writes a report
@@ -34,11 +41,18 @@ from . import baselines, report, shapes, timing
 CONFIGS = ["gemv1", "gemv2", "gemv4", "gemv8", "gemv16", "gemm64", "gemm64s", "gemm128", "gemm128s"]
 GEMV_MAX_M = 16  # the GEMV configurations take up to 16 rows (csrc/shared/tiling_metal.h)
 CHECK_SHAPES = [(1, 70, 37), (3, 64, 256), (8, 130, 200), (16, 96, 512), (70, 65, 37), (150, 128, 256)]
-GRID_M = [1, 2, 4, 8, 16, 32, 64, 256, 1024]
+# every row count of the vector path, then the cost model's grid (tests/metal_sim/costmodel.py)
+GRID_M = list(range(1, GEMV_MAX_M + 1)) + [24, 32, 48, 64, 128, 256, 512, 1024]
+SLC_ROTATIONS = 4  # weight bytes cycled = this many times the largest SLC (tuning.SLC_MAX_BYTES)
+# Our own alternatives where the cost model calls it close (docs/metal.md), timed forced at
+# 4096 x 4096: the GEMV against the GEMM at the vector path's last row count, the staged
+# single-buffer BM = 128 pipeline (the default, from the seed's M5 numbers) against the
+# double-buffered one at large M.
+CONFIG_TIMINGS = {16: ["gemv16", "gemm64"], 256: ["gemm128s", "gemm128"], 1024: ["gemm128s", "gemm128"]}
 MOE_TOKENS = ["1", "16", "512"]  # decode, the plan path, a sorted prefill
 # The sorted prefill's gathered kernels forced in turn (MLX_FP4_METAL_GATHER) around the rule's
-# crossover (kMetalGatherGemmMinRows = 4 pairs per expert: 64 tokens of 128 experts, top-8).
-MOE_CROSSOVER_TOKENS = ["16", "64", "512"]
+# crossover (kMetalGatherGemmMinRows = 32 pairs per expert: 512 tokens of 128 experts, top-8).
+MOE_CROSSOVER_TOKENS = ["64", "256", "512", "1024"]
 GATHER_KERNELS = [None, "pairs", "runs", "gemm"]  # the plan's choice, then each forced
 GATHER_SHAPE = (8, 70, 200, 160)  # experts, N, K, pairs: a sorted prefill of 20 pairs per expert
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -53,11 +67,16 @@ def gpu_info():
     info = dict(mx.device_info(mx.gpu))
     arch = str(info.get("architecture", ""))
     gen = int("".join(ch for ch in arch.split("_g")[-1] if ch.isdigit()) or 0) if "_g" in arch else 0
-    # the route of csrc/ops.cpp: kernels from Apple7 (M1 = 13) on, MLX's kernel on M5 (>= 17)
+    # the route of csrc/ops.cpp: kernels from Apple7 (M1 = 13) on, MLX's NAX kernel on M5 (>= 17)
+    apple = arch.startswith("applegpu_g") and gen >= 13
+    why = None if apple else (
+        f"GPU architecture '{arch}' is not an Apple7+ Apple GPU (a paravirtual GPU, e.g. a macOS "
+        "VM, or another vendor's): the op runs on the CPU there, so timing it against MLX's GPU "
+        "kernel would compare a CPU with a GPU")
     return {"metal": True, "device_name": info.get("device_name"), "architecture": arch,
             "generation": gen, "macos": platform.mac_ver()[0],
-            "memory_bytes": info.get("memory_size"), "kernels_run": gen >= 13,
-            "neural_accelerators": gen >= 17}
+            "memory_bytes": info.get("memory_size"), "kernels_run": apple,
+            "neural_accelerators": gen >= 17, "no_speed_table": why}
 
 
 def _problem(m, n, k, dtype, seed):
@@ -180,28 +199,63 @@ def correctness():
     return rows
 
 
-def speed(grid_nk, grid_m, cfg):
+def speed(grid_nk, grid_m, cfg, memory_bytes=None):
+    """Rows of (M, N, K): the op as called (its route), our kernel forced, MLX's, in microseconds."""
+    from mlx_fp4 import _ext, tuning
+
     ours, theirs = baselines.Fp4Impl(), baselines.MlxNvfp4Impl()
     rows = []
     for n, k in grid_nk:
         ws = baselines.WeightSet(shapes.Shape(f"{n}x{k}", n, k))
+        copies = baselines.copies_for(ws.shape.weight_bytes, SLC_ROTATIONS * tuning.SLC_MAX_BYTES,
+                                      (memory_bytes or 16 << 30) // 4)
         for impl in (ours, theirs):
-            impl.setup(ws, 2)
+            impl.setup(ws, copies)
         for m in grid_m:
             x = mx.array(np.random.default_rng(m).standard_normal((m, k)).astype(np.float32))
             x = x.astype(mx.bfloat16)
+            row = {"m": m, "n": n, "k": k, "weight_copies": copies,
+                   "kernel": _ext._metal_kernel(m, n, k, mx.bfloat16)}
             try:
-                t = {impl.name: timing.measure(impl.runner(x), cfg) for impl in (ours, theirs)}
+                a = timing.measure(ours.runner(x), cfg).seconds  # tunes the bucket on first use
+                row["route"] = _ext._metal_route_get(m, n, k, mx.bfloat16, "nvfp4") or \
+                    _ext._metal_static_route(mx.device_info()["architecture"], m, n, k, mx.bfloat16)
+                forced = _with_env("MLX_FP4_METAL_ROUTE", "ours",
+                                   lambda: timing.measure(ours.runner(x), cfg).seconds)
+                b = timing.measure(theirs.runner(x), cfg).seconds
             except Exception as e:  # e.g. MLX's own kernels on a GPU it does not support
-                rows.append({"m": m, "n": n, "k": k, "error": f"{type(e).__name__}: {e}"})
+                rows.append({**row, "error": f"{type(e).__name__}: {e}"})
                 continue
-            a, b = t[ours.name].seconds, t[theirs.name].seconds
-            rows.append({"m": m, "n": n, "k": k, "mlx_fp4_us": a and a * 1e6,
+            rows.append({**row, "mlx_fp4_us": a and a * 1e6, "kernel_us": forced and forced * 1e6,
                          "mlx_nvfp4_us": b and b * 1e6,
                          "speedup_vs_mlx": (b / a) if a and b else None,
+                         "kernel_speedup_vs_mlx": (b / forced) if forced and b else None,
                          "weight_gbps": (ws.shape.weight_bytes / a / 1e9) if a else None})
         for impl in (ours, theirs):
             impl.release()
+    return rows
+
+
+def config_speed(cfg, memory_bytes=None, n=4096, k=4096):
+    """Our kernel configurations forced (MLX_FP4_METAL_KERNEL, route ours) at CONFIG_TIMINGS."""
+    from mlx_fp4 import tuning
+
+    ours = baselines.Fp4Impl()
+    ws = baselines.WeightSet(shapes.Shape(f"{n}x{k}", n, k))
+    ours.setup(ws, baselines.copies_for(ws.shape.weight_bytes, SLC_ROTATIONS * tuning.SLC_MAX_BYTES,
+                                        (memory_bytes or 16 << 30) // 4))
+    rows = []
+    for m, configs in CONFIG_TIMINGS.items():
+        x = mx.array(np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)).astype(mx.bfloat16)
+        for config in configs:
+            def run(c=config):
+                return _with_env("MLX_FP4_METAL_KERNEL", c, lambda: timing.measure(ours.runner(x), cfg).seconds)
+            try:
+                t = _with_env("MLX_FP4_METAL_ROUTE", "ours", run)
+                rows.append({"m": m, "n": n, "k": k, "config": config, "us": t and t * 1e6})
+            except Exception as e:  # report, do not stop
+                rows.append({"m": m, "n": n, "k": k, "config": config, "error": f"{type(e).__name__}: {e}"})
+    ours.release()
     return rows
 
 
@@ -224,22 +278,60 @@ def markdown(doc):
                "mlx_fp4 on the CPU\n\n")
     for r in bad[:20]:
         out.append(f"- FAIL {r}\n")
-    out.append("\n## Speed vs mx.quantized_matmul(mode=\"nvfp4\"), bf16, same run\n\n")
-    out.append("| N x K | M | ours (us) | MLX (us) | speedup | weight GB/s |\n|---|---|---|---|---|---|\n")
-    for r in doc["speed"]:
-        if "error" in r:
-            out.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['error']} | | | |\n")
-            continue
-        fmt = lambda v, p: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
-        out.append(f"| {r['n']}x{r['k']} | {r['m']} | {fmt(r['mlx_fp4_us'], 1)} | "
-                   f"{fmt(r['mlx_nvfp4_us'], 1)} | {fmt(r['speedup_vs_mlx'], 2)} | "
-                   f"{fmt(r['weight_gbps'], 0)} |\n")
+    if g.get("no_speed_table"):
+        out.append(f"\n## No speed table\n\n{g['no_speed_table']}.\n")
+    else:
+        out.append(_speed_markdown(doc.get("speed", [])))
+        out.append(_tuning_markdown(doc.get("tuning")))
+        out.append(_configs_markdown(doc.get("configs", [])))
     for name in ("decode", "moe", "moe_runs", "moe_gemm"):
         if name in doc:
             out.append(f"\n{name.capitalize()} benchmark: exit code {doc[name]['exit_code']}, results in "
                        f"`{doc[name]['files']}`\n")
     out.append("\nPlease attach metal_report.json to an issue: it is how the cost model "
                "(docs/metal.md) gets checked against real Apple GPUs.\n")
+    return "".join(out)
+
+
+def _speed_markdown(rows):
+    out = ["\n## Speed vs mx.quantized_matmul(mode=\"nvfp4\"), bf16, same run\n\n",
+           "`ours` is the op as called (its route), `kernel` our kernel forced "
+           "(MLX_FP4_METAL_ROUTE=ours); speedups are MLX's time over ours.\n\n",
+           "| N x K | M | route | our kernel | ours (us) | kernel (us) | MLX (us) | speedup | "
+           "kernel speedup | weight GB/s |\n|---|---|---|---|---|---|---|---|---|---|\n"]
+    fmt = lambda v, p: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for r in rows:
+        head = f"| {r['n']}x{r['k']} | {r['m']} | {r.get('route', '-')} | {r.get('kernel', '-')} |"
+        if "error" in r:
+            out.append(f"{head} {r['error']} | | | | | |\n")
+            continue
+        out.append(f"{head} {fmt(r['mlx_fp4_us'], 1)} | {fmt(r.get('kernel_us'), 1)} | "
+                   f"{fmt(r['mlx_nvfp4_us'], 1)} | {fmt(r['speedup_vs_mlx'], 2)} | "
+                   f"{fmt(r.get('kernel_speedup_vs_mlx'), 2)} | {fmt(r['weight_gbps'], 0)} |\n")
+    return "".join(out)
+
+
+def _tuning_markdown(t):
+    if not t:
+        return ""
+    out = [f"\n## Measured routes (mx_fp4.metal_tuning(): {'on' if t['enabled'] else 'off'}, "
+           f"{t.get('state')}, `{t['path']}`)\n\n",
+           "| M bucket | N | K | dtype | mode | route | ours (us) | MLX (us) |\n|---|---|---|---|---|---|---|---|\n"]
+    for e in t["decisions"]:
+        out.append(f"| {e['bucket']} | {e['n']} | {e['k']} | {e['dtype']} | {e['mode']} | {e['route']} | "
+                   f"{e['ours_s'] * 1e6:.1f} | {e['mlx_s'] * 1e6:.1f} |\n")
+    return "".join(out)
+
+
+def _configs_markdown(rows):
+    if not rows:
+        return ""
+    out = ["\n## Our configurations forced, 4096x4096, bf16 (where the cost model calls them close)\n\n",
+           "| M | config | us |\n|---|---|---|\n"]
+    for r in rows:
+        us = r.get("us")
+        cell = r.get("error") or ("-" if us is None else f"{us:.1f}")
+        out.append(f"| {r['m']} | {r['config']} | {cell} |\n")
     return "".join(out)
 
 
@@ -269,7 +361,10 @@ def main(argv=None) -> int:
         grid_nk = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
         cfg = timing.TimingConfig(repeats=5 if args.quick else 20, budget_s=10.0, max_products=128)
         mx.set_default_device(mx.gpu)
-        doc["speed"] = speed(grid_nk, GRID_M, cfg)
+        if not doc["gpu"]["no_speed_table"]:
+            doc["speed"] = speed(grid_nk, GRID_M, cfg, doc["gpu"].get("memory_bytes"))
+            doc["tuning"] = mlx_fp4.metal_tuning()
+            doc["configs"] = config_speed(cfg, doc["gpu"].get("memory_bytes"))
         if not args.no_decode:
             from . import decode
 

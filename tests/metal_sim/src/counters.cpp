@@ -82,3 +82,24 @@ extern "C" void msim_count_mem(const void* p, uint32_t bytes, uint32_t is_store)
   ++c.accesses[s][is_store != 0];
   c.bytes[s][is_store != 0] += bytes;
 }
+
+namespace {
+// The widest load or store one Metal thread issues (a 16-byte vector): a block copy of more bytes
+// counts one access per 16 bytes.
+constexpr uint64_t kMaxAccessBytes = 16;
+
+void count_block_access(const void* p, uint64_t bytes, int is_store) {
+  const int s = msim::address_space_of(p);
+  Counts& c = mine();
+  c.accesses[s][is_store] += (bytes + kMaxAccessBytes - 1) / kMaxAccessBytes;
+  c.bytes[s][is_store] += bytes;
+}
+}  // namespace
+
+// llvm.memcpy / memmove (src != null) and memset (src == null): clang's lowering of struct and
+// array copies, e.g. MLX's 16-byte x loads, counted as the loads and stores they are.
+extern "C" void msim_count_copy(const void* dst, const void* src, uint64_t bytes) {
+  if (bytes == 0) return;
+  if (src != nullptr) count_block_access(src, bytes, 0);
+  count_block_access(dst, bytes, 1);
+}

@@ -5,6 +5,7 @@
 //
 //   runner run CASE_DIR        spec.txt + *.bin inputs -> out.bin, plan.txt
 //   runner plan M N K X_DTYPE OUT_DTYPE [FORCE]       print the launch
+//   runner route ARCH M N K X_IS_F32                   the static Metal route (w4a16_route.h)
 //   runner morton LOG2_M LOG2_N                       print the tile of every threadgroup
 //   runner abi                                        params layout, C++ vs MSL compilation
 //   runner list                                       registered kernels
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "metal/w4a16_dispatch.h"
+#include "metal/w4a16_route.h"
 #include "msim/host.h"
 
 extern "C" void msim_msl_abi(long* v) __attribute__((weak));
@@ -194,6 +196,18 @@ int cmd_plan(int argc, char** argv) {
   return 0;
 }
 
+// The production route of ops.cpp's auto mode for a GPU architecture string ("applegpu_g16s").
+int cmd_route(char** argv) {
+  const fp4::AppleGpuId gpu = fp4::parse_apple_gpu_arch(argv[2]);
+  const int64_t m = std::atoll(argv[3]), n = std::atoll(argv[4]), k = std::atoll(argv[5]);
+  const bool f32 = std::atoi(argv[6]) != 0;
+  static const char* const names[] = {"ours", "mlx", "cpu"};
+  std::cout << "route " << names[int(fp4::metal_auto_route(gpu, m, n, k, f32))] << "\n"
+            << "mlx_batch_limit " << fp4::mlx_qmv_batch_limit(gpu, n, k) << "\n"
+            << "mlx_nax " << int(fp4::mlx_runs_nax(gpu, m, n, k, f32)) << "\n";
+  return 0;
+}
+
 int cmd_morton(int lgm, int lgn) {
   const uint32_t total = uint32_t(1) << (lgm + lgn);
   for (uint32_t i = 0; i < total; ++i) {
@@ -339,6 +353,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "run" && argc == 3) return cmd_run(argv[2]);
     if (cmd == "plan" && argc >= 7) return cmd_plan(argc, argv);
+    if (cmd == "route" && argc == 7) return cmd_route(argv);
     if (cmd == "morton" && argc == 4) return cmd_morton(std::atoi(argv[2]), std::atoi(argv[3]));
     if (cmd == "abi") return cmd_abi();
     if (cmd == "list") {
