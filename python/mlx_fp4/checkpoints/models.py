@@ -13,6 +13,7 @@ from mlx.utils import tree_unflatten
 
 from ..formats import BITS, GROUP_SIZE, MODE
 from ..layers import FP4Linear, FP4SwitchLinear, linear_kind, swap_modules, switch_kind
+from .config_check import check_against_model
 from .dialects import quant_info
 from .experts import stack_experts, swap_switch_layers
 from .gguf import is_gguf, load_gguf
@@ -178,6 +179,7 @@ def load_model(path, lazy: bool = False, strict: bool = True, model_config: Opti
     model, config = lm.load_model(path, lazy=True, strict=strict, model_config=model_config,
                                   get_model_classes=classes)
     _to_fp4_layers(model, aside, strict)
+    check_against_model(configs, quant_info(configs), model, path)
     if not lazy:
         mx.eval(model.parameters())
     return model, config
