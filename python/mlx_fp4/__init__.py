@@ -17,7 +17,7 @@ from .ops import *  # noqa: E402,F401,F403  (the core ops: w4a16_matmul, quantiz
 __all__ = list(_ops.__all__)
 from . import checkpoints, convert, distributed, formats, layers, nn  # noqa: E402
 from .checkpoints import NVFP4Weights, load, load_model, load_nvfp4, save_nvfp4  # noqa: E402
+from ._version import __version__  # noqa: E402,F401
 
 __all__ += ["checkpoints", "convert", "distributed", "formats", "layers", "nn"]
 __all__ += ["load", "load_model", "load_nvfp4", "save_nvfp4", "NVFP4Weights"]
-__version__ = "0.1.0"
