@@ -119,3 +119,47 @@ def test_requantizing_counts_the_kept_global_scales(capsys):
     again = fnn.quantize(model, global_scale=False)
     assert again.with_global_scale == first.with_global_scale > 0
     assert f"({first.with_global_scale} with a global scale)" in capsys.readouterr().out
+
+
+def test_import_without_mlx_backend_says_what_to_install(tmp_path):
+    """Linux `pip install .` without [cpu]: mlx's core cannot find libmlx.so (simulated by an mlx
+    portion first on the path whose core fails the same way)."""
+    fake = tmp_path / "mlx"
+    fake.mkdir()
+    (fake / "core.py").write_text('raise ImportError("libmlx.so: cannot open shared object file")\n')
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(mlx_fp4.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), pkg_parent])
+    r = subprocess.run([sys.executable, "-c", "import mlx_fp4"], capture_output=True, text=True, env=env,
+                       timeout=TIMEOUT_S)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "libmlx.so" in last and 'pip install "mlx[cpu]==0.32.4"' in last, r.stderr
+    assert 'pip install ".[cpu]"' in last
+
+
+def test_bench_header_knows_the_built_commit(monkeypatch):
+    """An installed package is outside any git tree: the bench reports the commit it was built from."""
+    from mlx_fp4 import _build_info
+    from mlx_fp4.bench import report
+
+    monkeypatch.setattr(report, "_git", lambda *args: None)
+    monkeypatch.setattr(_build_info, "GIT_COMMIT", "0123456789abcdef", raising=False)
+    info = report.system_info("cpu")
+    assert info["git"] == {"commit": "0123456789abcdef", "dirty": None}
+
+
+def test_export_function_lowers_the_ops(tmp_path):
+    """mx.export_function fails on mx_fp4's primitives inside MLX; mx_fp4.export_function writes a file
+    that mx.import_function runs with the same result."""
+    w = mx.random.normal((32, 64), key=mx.random.key(0))
+    packed, scales = mlx_fp4.quantize(w)
+    x = mx.random.normal((2, 64), key=mx.random.key(1))
+
+    def fun(x):
+        return mlx_fp4.w4a16_matmul(x, packed, scales)
+
+    with pytest.raises(ValueError, match="Unable to serialize primitive"):
+        mx.export_function(str(tmp_path / "plain.mlxfn"), fun, x)
+    mlx_fp4.export_function(str(tmp_path / "f.mlxfn"), fun, x)
+    (got,) = mx.import_function(str(tmp_path / "f.mlxfn"))(x)
+    assert mx.allclose(got, fun(x), rtol=1e-5, atol=1e-5).item()
