@@ -15,6 +15,7 @@ import mlx_fp4
 from mlx_fp4 import nn as fnn
 
 pytest.importorskip("mlx_lm")
+from common import package_pythonpath  # noqa: E402
 from lm_fixtures import read_json, write_float_model, write_tokenizer  # noqa: E402
 from test_moe_e2e import MODELS, build  # noqa: E402
 
@@ -25,9 +26,7 @@ def run_cli(*args):
     """(return code, stdout, stderr) of the mlx-fp4 command importing this process's mlx_fp4."""
     script = Path(sys.executable).parent / "mlx-fp4"
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "mlx_fp4"]
-    env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(mlx_fp4.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_parent, env.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=package_pythonpath())
     r = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
     return r.returncode, r.stdout, r.stderr
 
@@ -127,9 +126,7 @@ def test_import_without_mlx_backend_says_what_to_install(tmp_path):
     fake = tmp_path / "mlx"
     fake.mkdir()
     (fake / "core.py").write_text('raise ImportError("libmlx.so: cannot open shared object file")\n')
-    env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(mlx_fp4.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), pkg_parent])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), package_pythonpath()]))
     r = subprocess.run([sys.executable, "-c", "import mlx_fp4"], capture_output=True, text=True, env=env,
                        timeout=TIMEOUT_S)
     last = r.stderr.strip().splitlines()[-1]
