@@ -105,7 +105,8 @@ def test_version_and_help():
     assert rc == 0 and out.startswith(f"mlx-fp4 {mlx_fp4.__version__} (mlx {mx.__version__}, GPU backend: ")
     rc, out, _ = run_cli("generate", "--help")
     assert rc == 0 and "generate with mlx-lm's loop" in out and "(default: 100)" in out
-    assert "nucleus sampling" in out and "(default: 1.0)" in out
+    assert "nucleus sampling" in out and "(default: 1.0)" in out and "(default: 0.0)" in out
+    assert "(default: None)" not in out and "(default: False)" not in out
     rc, out, _ = run_cli("bench", "--help")
     assert rc == 0 and out.startswith("usage: mlx-fp4 bench")
 

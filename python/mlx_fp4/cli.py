@@ -143,8 +143,17 @@ def version_text() -> str:
     return f"mlx-fp4 {__version__} (mlx {mx.__version__}, GPU backend: {GPU_BACKEND})"
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help with '(default: ...)' where there is a default to show (not for required options or flags)."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _DefaultsFormatter
     p = argparse.ArgumentParser(prog="mlx-fp4", description="FP4 (NVFP4 / MXFP4) models on MLX with mlx_fp4's "
                                 "kernels: convert a checkpoint, generate text, benchmark.")
     p.add_argument("--version", action="version", version=version_text())
