@@ -1,5 +1,5 @@
 """Relative weight error ||W - deq(Q(W))|| / ||W|| of mx_fp4.nn.quantize with global_scale False / True / "auto"
-on random 1024x1024 weights (the README table). Run: python examples/global_scale_errors.py"""
+on random 1024x1024 weights (the table in docs/format.md). Run: python examples/global_scale_errors.py"""
 import warnings
 import mlx.core as mx, mlx.nn as nn, numpy as np
 from mlx_fp4 import nn as fnn

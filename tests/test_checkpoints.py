@@ -399,6 +399,7 @@ def test_save_model_and_reload(tmp_path):
                  (fresh.model.layers[0].mlp.gate, model.model.layers[0].mlp.gate)]:
         assert a.global_scale.item() == b.global_scale.item()
         np.testing.assert_array_equal(np.array(a(h)), np.array(b(h)))
-    with pytest.raises(ValueError, match=r"save_nvfp4.*scales expected"):
-        bad = NVFP4Weights({"a.weight": mx.zeros((4, 4), mx.uint32), "a.scales": mx.zeros((4, 1), mx.uint8)})
+    # K = 32: [4, 2] (nvfp4) and [4, 1] (mxfp4) are layouts; [4, 3] is neither.
+    with pytest.raises(ValueError, match=r"save_nvfp4.*scales expected uint8 \[4, 2\] \(nvfp4\) or \[4, 1\] \(mxfp4\)"):
+        bad = NVFP4Weights({"a.weight": mx.zeros((4, 4), mx.uint32), "a.scales": mx.zeros((4, 3), mx.uint8)})
         save_nvfp4(tmp_path / "bad.safetensors", bad)

@@ -56,4 +56,4 @@ def test_convert_refuses_other_modes_and_upload(source, tmp_path, capsys):
 def test_bench_delegates(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--help"])
-    assert e.value.code == 0 and "python -m mlx_fp4.bench" in capsys.readouterr().out
+    assert e.value.code == 0 and "usage: mlx-fp4 bench" in capsys.readouterr().out

@@ -1,9 +1,22 @@
 """Fail fast, with one actionable message, when the running MLX is not the one we were built against."""
 
-import mlx.core as mx
+# The MLX release this package pins (pyproject.toml; the build records the one it compiled against).
+PINNED_MLX = "0.32.4"
+
+
+def mlx_import_hint(error: ImportError) -> str:
+    """What to install when ``import mlx.core`` fails: on Linux ``pip install mlx`` (or ``pip install .``
+    of this package without an extra) gives MLX without a backend, and libmlx.so is missing."""
+    return (
+        f"mlx_fp4 needs MLX, whose core failed to load ({error}). On Linux the mlx wheel alone has no "
+        f'backend: pip install "mlx[cpu]=={PINNED_MLX}" (CPU) or "mlx[cuda13]=={PINNED_MLX}" (NVIDIA GPU); from '
+        'a clone of mlx-fp4: pip install ".[cpu]". On macOS: pip install "mlx==' + PINNED_MLX + '".'
+    )
 
 
 def check_mlx_version() -> None:
+    import mlx.core as mx
+
     try:
         from ._build_info import MLX_VERSION as built
     except ImportError as e:  # the compiled extension is missing entirely

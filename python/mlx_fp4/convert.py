@@ -106,15 +106,20 @@ def _underflow(source: nn.Module, q: nn.Module) -> float:
     return (mx.sum(lost) / mx.maximum(mx.sum(nonzero), 1)).item()
 
 
+def _global_scale_note(layer: nn.Module) -> str:
+    """' + global scale' when the layer holds one (what QuantizeSummary.with_global_scale counts)."""
+    return " + global scale" if isinstance(layer.get("global_scale"), mx.array) else ""
+
+
 def _convert(m: nn.Module, global_scale, path: str, report: "QuantizeSummary", mode: str = MODE) -> nn.Module:
     """One layer to FP4, recording what was done in ``report``."""
     kind = _kind(m)
-    if kind in _KEEP_KINDS:
-        report.converted[path] = "kept (already FP4)"
+    if kind in _KEEP_KINDS:  # its global scale, if any, stays whatever global_scale says
+        report.converted[path] = "kept (already FP4)" + _global_scale_note(m)
         return m
     if kind not in _FLOAT_KINDS:  # bytes kept: a global scale *value* may be attached
         new = _to_fp4(m, False if isinstance(global_scale, str) else global_scale, path)
-        report.converted[path] = f"wrapped MLX {m.mode} (same bytes)"
+        report.converted[path] = f"wrapped MLX {m.mode} (same bytes)" + _global_scale_note(new)
         return new
     candidates = [False, True] if isinstance(global_scale, str) else [global_scale]
     best = None

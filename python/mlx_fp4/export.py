@@ -29,7 +29,7 @@ import mlx.core as mx
 from . import _ext
 from .formats import E2M1_E4M3_MAX, MODE_DEFAULTS, VALUES_PER_U32
 
-__all__ = ["export_mode", "exporting", "lowered_w4a16_matmul", "lowered_gather_w4a16_matmul"]
+__all__ = ["export_function", "export_mode", "exporting", "lowered_w4a16_matmul", "lowered_gather_w4a16_matmul"]
 
 _EXPORTING = contextvars.ContextVar("mlx_fp4_exporting", default=False)
 
@@ -43,6 +43,15 @@ def export_mode(enabled: bool = True):
         yield
     finally:
         _EXPORTING.reset(token)
+
+
+def export_function(file, fun, *args, **kwargs):
+    """``mx.export_function(file, fun, *args, **kwargs)`` with mx_fp4's ops lowered (inside
+    :func:`export_mode`). Plain ``mx.export_function`` of code that calls them fails inside MLX
+    with ``Unable to serialize primitive Contiguous`` (or ``W4A16Matmul``): MLX writes only its
+    own primitives, and gives extensions no hook to say more."""
+    with export_mode():
+        return mx.export_function(file, fun, *args, **kwargs)
 
 
 def exporting() -> bool:

@@ -18,7 +18,7 @@ from ._ext import (  # noqa: F401
     quantize,
     w4a16_matmul_reference_ops,
 )
-from .export import _EXPORTING, export_mode, exporting, lowered_gather_w4a16_matmul, lowered_w4a16_matmul
+from .export import _EXPORTING, export_function, export_mode, exporting, lowered_gather_w4a16_matmul, lowered_w4a16_matmul
 from .tuning import before_gather as _tune_gather, before_matmul as _tune_before, metal_tuning
 
 
@@ -50,6 +50,7 @@ __all__ = [
     "build_info",
     "cpu_info",
     "dequantize",
+    "export_function",
     "export_mode",
     "exporting",
     "gather_w4a16_matmul",

@@ -26,9 +26,9 @@ def _gpu_available() -> bool:
     return mx.metal.is_available() or mx.cuda.is_available()
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, prog="python -m mlx_fp4.bench"):
     p = argparse.ArgumentParser(
-        prog="python -m mlx_fp4.bench",
+        prog=prog,
         description="Benchmark mlx_fp4.w4a16_matmul against mx.quantized_matmul(nvfp4), dense bf16 "
         "and the rooflines on real layer shapes.",
     )
@@ -57,14 +57,14 @@ SUBCOMMANDS = {"decode": "decode", "metal-report": "metal_report", "moe": "moe",
                "sharded": "sharded"}
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog="python -m mlx_fp4.bench") -> int:
     argv_list = sys.argv[1:] if argv is None else list(argv)
     if argv_list[:1] and argv_list[0] in SUBCOMMANDS:
         import importlib
 
         module = importlib.import_module(f".{SUBCOMMANDS[argv_list[0]]}", __package__)
         return module.main(argv_list[1:])
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     device = args.device or ("gpu" if _gpu_available() else "cpu")
     if device == "gpu" and not _gpu_available():
         print("[bench] --device gpu expected an MLX build with Metal or CUDA but got a CPU-only MLX.", file=sys.stderr)

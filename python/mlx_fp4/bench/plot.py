@@ -10,7 +10,7 @@ STYLE = {
 }
 
 
-INSTALL_HINT = 'plot skipped: matplotlib is not installed (pip install "mlx-fp4[bench]")'
+INSTALL_HINT = 'plot skipped: matplotlib is not installed (pip install matplotlib; from a clone: pip install ".[bench]")'
 
 
 def pyplot():

@@ -176,9 +176,21 @@ def load_average():
         return None
 
 
+def _built_commit():
+    """The commit the installed extension was built from (_build_info, written by CMake), or None."""
+    try:
+        from mlx_fp4 import _build_info
+
+        return getattr(_build_info, "GIT_COMMIT", None) or None
+    except ImportError:
+        return None
+
+
 def system_info(device: str) -> dict:
+    # A development tree is a git checkout; an installed package knows the commit it was built from.
     commit = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    commit = commit or _built_commit()
     fp4_version, fp4_build, fp4_cpu = None, None, None
     try:
         import mlx_fp4
@@ -209,7 +221,7 @@ def system_info(device: str) -> dict:
         "versions": {"mlx": mx.__version__, "numpy": np.__version__, "mlx_fp4": fp4_version},
         "mlx_fp4_build": fp4_build,
         "mlx_fp4_cpu": fp4_cpu,
-        "git": {"commit": commit, "dirty": bool(dirty) if commit else None},
+        "git": {"commit": commit, "dirty": bool(dirty) if dirty is not None else None},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_average_1m_at_start": load_average(),
     }

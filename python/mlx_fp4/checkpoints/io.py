@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..formats import BITS, GROUP_SIZE, MODE, VALUES_PER_U32, describe
+from ..formats import GROUP_SIZE, VALUES_PER_U32, describe, group_size_of
 from .dialects import (
     ACTIVATION_SCALES,
     DIALECT_KEYS,
@@ -26,6 +26,7 @@ from .dialects import (
     from_modelopt,
     quant_info,
 )
+from .recipe import fp4_mode, quantization_block
 
 __all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "copy_tokenizer", "read_configs"]
 
@@ -235,10 +236,11 @@ def _check_layout(arrays: Dict[str, mx.array]) -> None:
         if name == "scales" and arrays.get(f"{p}.biases") is None:
             if w.dtype != mx.uint32:
                 raise ValueError(f"[save_nvfp4] {p}.weight expected uint32 [N, K/8] but got {describe(w)}.")
-            n, k = w.shape[0], w.shape[1] * VALUES_PER_U32
-            if v.dtype != mx.uint8 or list(v.shape) != [n, k // GROUP_SIZE]:
+            if fp4_mode(w, v) is None:
+                n, k = w.shape[0], w.shape[1] * VALUES_PER_U32
                 raise ValueError(
-                    f"[save_nvfp4] {key} expected uint8 [{n}, {k // GROUP_SIZE}] but got {describe(v)}."
+                    f"[save_nvfp4] {key} expected uint8 [{n}, {k // GROUP_SIZE}] (nvfp4) or "
+                    f"[{n}, {k // group_size_of('mxfp4')}] (mxfp4) but got {describe(v)}."
                 )
         if name == "global_scale" and v.size != 1:
             raise ValueError(f"[save_nvfp4] {key} expected a scalar but got {describe(v)}.")
@@ -274,16 +276,16 @@ def copy_tokenizer(source, folder: Path) -> List[Path]:
     return sorted(f for f in folder.iterdir() if before.get(f) != f.stat().st_mtime_ns)
 
 
-def _saved_config(config: dict) -> dict:
-    """config.json for the MLX layout: ``quantization`` says nvfp4 (mlx-lm infers any other
-    layer's mode from its tensors); per-layer entries of the source are kept; a ModelOpt or
-    compressed-tensors ``quantization_config`` is replaced (mlx-lm writes the duplicate)."""
+def _saved_config(config: dict, weights) -> dict:
+    """config.json for the MLX layout: ``quantization`` as the saved layers are quantized (nvfp4,
+    mxfp4, per-layer entries for others; none when no layer is), mirrored in
+    ``quantization_config`` as mlx-lm writes it (a ModelOpt / compressed-tensors one is replaced)."""
     cfg = dict(config)
-    old = cfg.get("quantization")
-    q = {k: v for k, v in old.items() if isinstance(v, (dict, bool))} if isinstance(old, dict) else {}
-    q.update({"group_size": GROUP_SIZE, "bits": BITS, "mode": MODE})
-    cfg["quantization"] = q
     cfg.pop("quantization_config", None)
+    block = quantization_block(weights, cfg.pop("quantization", None))
+    if block is not None:
+        cfg["quantization"] = block
+        cfg["quantization_config"] = block
     return cfg
 
 
@@ -330,7 +332,8 @@ def save_nvfp4(
     index = path / "model.safetensors.index.json"
     files = [path / f for f in sorted(set(_read_json(index)["weight_map"].values()))] + [index]
     if config is not None:
-        save_config(_saved_config(config), path / "config.json")
+        save_config(_saved_config(config, weights if isinstance(weights, nn.Module) else arrays),
+                    path / "config.json")
         files.append(path / "config.json")
     if tokenizer is not None:
         files += copy_tokenizer(tokenizer, path)

@@ -13,10 +13,12 @@ from mlx.utils import tree_unflatten
 
 from ..formats import BITS, GROUP_SIZE, MODE
 from ..layers import FP4Linear, FP4SwitchLinear, linear_kind, swap_modules, switch_kind
+from .config_check import check_against_model
 from .dialects import quant_info
 from .experts import stack_experts, swap_switch_layers
 from .gguf import is_gguf, load_gguf
 from .io import NVFP4Weights, load_nvfp4, read_configs
+from .source import resolve
 
 __all__ = ["load", "load_model", "load_weights"]
 
@@ -178,6 +180,7 @@ def load_model(path, lazy: bool = False, strict: bool = True, model_config: Opti
     model, config = lm.load_model(path, lazy=True, strict=strict, model_config=model_config,
                                   get_model_classes=classes)
     _to_fp4_layers(model, aside, strict)
+    check_against_model(configs, quant_info(configs), model, path)
     if not lazy:
         mx.eval(model.parameters())
     return model, config
@@ -193,6 +196,7 @@ def load(path_or_hf_repo: str, tokenizer_config: Optional[dict] = None, model_co
     from mlx_lm import utils as lm
 
     if is_gguf(path_or_hf_repo):
+        resolve(path_or_hf_repo, "mlx_fp4.load", download=False)  # missing: FileNotFoundError naming it
         if model_config or tokenizer_config:
             raise ValueError("[mlx_fp4.load] model_config / tokenizer_config are not supported for GGUF files.")
         model, tokenizer, config = load_gguf(path_or_hf_repo, lazy=lazy, return_config=True)
@@ -201,7 +205,7 @@ def load(path_or_hf_repo: str, tokenizer_config: Optional[dict] = None, model_co
             model.eval()
         return (model, tokenizer, config) if return_config else (model, tokenizer)
 
-    model_path = lm._download(path_or_hf_repo, revision=revision)
+    model_path = resolve(path_or_hf_repo, "mlx_fp4.load", revision)
     model, config = load_model(model_path, lazy, model_config=model_config)
     if adapter_path is not None:
         model = lm.load_adapters(model, adapter_path)
