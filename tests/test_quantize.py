@@ -220,6 +220,27 @@ def test_mlx_quantize_tie_cases():
     assert set(zip(a[quarter].tolist(), b[quarter].tolist())) == {(8, 0)}
 
 
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=dname)
+def test_matches_mlx_gpu_quantize_bytes(device, dtype):
+    """On the GPU, mx.quantize(mode="nvfp4") rounds to nearest even and keeps -0 (CUDA's
+    cvt.rn.satfinite.e2m1x2, Metal's fp4_e2m1), as we do: the bytes are equal, ties included.
+    (Its CPU path differs at ties and zeros: test_mlx_quantize_tie_cases.)"""
+    if device != mx.gpu:
+        pytest.skip("MLX's GPU quantize kernel")
+    g = rng("gpu_quantize", dname(dtype))
+    w = rand_float_weights(64, 256, g)
+    row = np.zeros(256, np.float32)
+    row[: 2 * len(TIES)] = TIES + [-t for t in TIES]
+    row[15] = 6.0
+    w[0] = row  # exact ties at block scale 1
+    wx = mx.array(w).astype(dtype)
+    mw, ms = mx.quantize(wx, mode="nvfp4")[:2]
+    packed, scales = quantize_np(wx)
+    assert_bytes_equal(scales, np.array(ms), "scales vs mx.quantize (GPU)")
+    a, b, diff = nibble_diff(packed, mw)
+    assert not diff.any(), f"{int(diff.sum())} codes differ from mx.quantize on the GPU"
+
+
 # ----------------------------------------------------------------------------------------------
 # global_scale=True
 
