@@ -47,10 +47,16 @@ DTYPES = {"F32": (mx.float32, np.float32), "F16": (mx.float16, np.float16), "BF1
           "I16": (mx.int16, np.int16), "U32": (mx.uint32, np.uint32), "I32": (mx.int32, np.int32),
           "U64": (mx.uint64, np.uint64), "I64": (mx.int64, np.int64), "BOOL": (mx.bool_, np.bool_),
           "F8_E4M3": (mx.uint8, np.uint8), "F8_E8M0": (mx.uint8, np.uint8), "C64": (mx.complex64, np.complex64)}
+def _with_weight_shapes(tensors):
+    """compressed-tensors' optional weight_shape [N, K] (int64), so the fuzz reaches its check."""
+    for p, (n, k, _) in LAYERS.items():
+        tensors[f"{p}.weight_shape"] = np.array([n, k], np.int64)
+
+
 BASES = {
     "modelopt": lambda f, d: write_modelopt(f, d),
     "modelopt-config": lambda f, d: write_modelopt(f, d, config_style="config"),
-    "compressed-tensors": lambda f, d: write_ct(f, d),
+    "compressed-tensors": lambda f, d: write_ct(f, d, mutate=_with_weight_shapes),
     "mlx": lambda f, d: write_mlx(f, d),
 }
 

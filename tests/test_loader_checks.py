@@ -225,3 +225,13 @@ def test_index_names_other_files_raise(tmp_path, data, name, match):  # noqa: F8
     index.write_text(json.dumps({"weight_map": {k: name for k in wm}}))
     with pytest.raises(ValueError, match=match):
         load_nvfp4(folder)
+
+
+@pytest.mark.parametrize("value", [np.array([32.5, 64], np.float32), np.array([np.nan, 64], np.float32),
+                                   np.array([32, 64], np.complex64)], ids=["fraction", "nan", "complex"])
+def test_compressed_tensors_weight_shape_must_be_integers(tmp_path, data, value):  # noqa: F811
+    """int() truncated 32.5 to 32 and dropped an imaginary part (both loaded), and raised a bare
+    ValueError on NaN."""
+    folder = write_ct(tmp_path / "m", data, mutate=_set(f"{Q}.weight_shape", value))
+    with pytest.raises(ValueError, match=rf"^\[load_nvfp4\] {Q}\.weight_shape expected integers \[32, 64\]"):
+        load_nvfp4(folder)

@@ -202,9 +202,12 @@ def from_compressed_tensors(p, w, get):
     _check_block_scales(p, "weight_scale", s, n, k, "weight_packed")
     shape = get("weight_shape", None)
     if shape is not None:
-        got = [int(v) for v in np.array(shape).reshape(-1)]
+        # Integers only: int() of a float or complex entry truncated 32.5, dropped an imaginary
+        # part or raised on NaN.
+        got = [int(v) for v in np.array(shape).reshape(-1)] if mx.issubdtype(shape.dtype, mx.integer) else None
         if got != [n, k]:
-            raise load_error(f"{p}.weight_shape expected [{n}, {k}] but got {got}.")
+            values = f" = {got}" if got is not None else ""
+            raise load_error(f"{p}.weight_shape expected integers [{n}, {k}] but got {describe(shape)}{values}.")
     out = {f"{p}.weight": w.view(mx.uint32), f"{p}.scales": s}
     # compressed-tensors' nvfp4 always writes the global scale: without it the layer would decode wrong.
     d = _scalar(p, "weight_global_scale", get("weight_global_scale"))
