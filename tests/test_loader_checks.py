@@ -235,3 +235,21 @@ def test_compressed_tensors_weight_shape_must_be_integers(tmp_path, data, value)
     folder = write_ct(tmp_path / "m", data, mutate=_set(f"{Q}.weight_shape", value))
     with pytest.raises(ValueError, match=rf"^\[load_nvfp4\] {Q}\.weight_shape expected integers \[32, 64\]"):
         load_nvfp4(folder)
+
+
+def test_load_model_checks_headers_before_mlx_lm(tmp_path):
+    """mlx_fp4.load / load_model hand the folder to mlx-lm, which mx.loads every model*.safetensors
+    itself: the headers are checked before it does."""
+    pytest.importorskip("mlx_lm")
+    import mlx_fp4 as mx_fp4
+    from mlx_fp4 import nn as fnn
+
+    from lm_fixtures import CONFIG, tiny_llama
+
+    model = tiny_llama(seed=1)
+    fnn.quantize(model, global_scale=False, progress=False)
+    out = tmp_path / "out"
+    mx_fp4.save_nvfp4(out, model, config=CONFIG)
+    _edit_header(out / "model.safetensors", _zero_bytes(NORM, [65536] * 4))
+    with pytest.raises(ValueError, match=r"^\[load_nvfp4\] .*model\.safetensors is not a valid safetensors file"):
+        mx_fp4.load_model(out)

@@ -29,7 +29,7 @@ from .dialects import (
 )
 from .safetensors_header import check_header
 
-__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "copy_tokenizer", "read_configs"]
+__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "checked_shapes", "copy_tokenizer", "read_configs"]
 
 Source = Union[str, os.PathLike, Mapping[str, mx.array]]
 
@@ -95,14 +95,20 @@ def read_configs(folder: Path) -> dict:
     return cfg
 
 
-def _load_file(path: Path) -> Tuple[dict, dict]:
-    """A safetensors file's arrays and metadata; its header is checked first (check_header)."""
+def checked_shapes(path: Path) -> Dict[str, List[int]]:
+    """A safetensors file's tensor shapes from its checked header (check_header): what mx.load may
+    read. Else a clear error naming the file."""
     try:
-        shapes = check_header(path)
+        return check_header(path)
     except OSError as e:
         raise load_error(f"cannot read {path}: {e}.") from None
     except ValueError as e:
         raise load_error(f"{path} is not a valid safetensors file: {e}.") from None
+
+
+def _load_file(path: Path) -> Tuple[dict, dict]:
+    """A safetensors file's arrays and metadata; its header is checked first."""
+    shapes = checked_shapes(path)
     try:
         arrays, metadata = mx.load(str(path), return_metadata=True)
     except Exception as e:  # pragma: no cover - the header check above leaves MLX little to refuse
