@@ -92,7 +92,7 @@ def header_edit(folder, rnd):
     name = _pick_tensor(header, rnd)
     what = rnd.randrange(9)
     if name is None or what == 0:
-        header["__metadata__"] = rnd.choice([{"format": 5}, [], "x", {"a": None}, {"format": "pt"}])
+        header["__metadata__"] = rnd.choice([{"format": 5}, [], "x", {"a": None}, {"format": "pt"}, None])
         desc = f"__metadata__ -> {header['__metadata__']!r}"
     elif what == 1:
         old = header[name].get("dtype")

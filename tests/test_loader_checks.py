@@ -253,3 +253,10 @@ def test_load_model_checks_headers_before_mlx_lm(tmp_path):
     _edit_header(out / "model.safetensors", _zero_bytes(NORM, [65536] * 4))
     with pytest.raises(ValueError, match=r"^\[load_nvfp4\] .*model\.safetensors is not a valid safetensors file"):
         mx_fp4.load_model(out)
+
+
+def test_null_safetensors_metadata_loads(tmp_path, data):  # noqa: F811
+    """"__metadata__": null is no metadata (MLX reads it so, and the gpt-oss fixture's writer puts it)."""
+    folder = write_mlx(tmp_path / "m", data)
+    _edit_header(folder / "model.safetensors", lambda h: h.__setitem__("__metadata__", None))
+    assert sorted(load_nvfp4(folder).quantized) == sorted(LAYERS)

@@ -87,8 +87,8 @@ def check_header(path: Path) -> Dict[str, List[int]]:
     data_bytes = os.path.getsize(path) - HEADER_LENGTH_BYTES - length
     shapes = {}
     for name, entry in header.items():
-        if name == METADATA_KEY:
-            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+        if name == METADATA_KEY:  # null is no metadata (MLX reads it so; some writers put it)
+            if entry is not None and not (isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())):
                 raise ValueError(f"{METADATA_KEY} is {entry!r}, expected an object of strings")
             continue
         problem = _tensor_problem(entry, data_bytes)
