@@ -2,6 +2,7 @@
 // because they are built from MLX ops; the code tables come from csrc/shared/fp4_format.h.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "errors.h"
 #include "format_tables.h"
@@ -107,7 +108,34 @@ void check_quantize_input(const mx::array& w_in) {
   }
 }
 
+// Stacked or not: no dim of w may be 0 (mx.quantize raises from inside, "[argmin] ... zero size").
+void check_quantize_not_empty(const mx::array& w_in) {
+  if (w_in.ndim() < 2 || w_in.size() > 0) return;
+  if (w_in.shape(-1) < 1) {
+    throw_invalid("[quantize] w must have K >= 1 columns but got shape ", shape_str(w_in.shape()), ".");
+  }
+  throw_invalid("[quantize] w must have N >= 1 rows and at least one matrix (w.shape[:-2] without 0) but got "
+                "shape ", shape_str(w_in.shape()), ".");
+}
+
+// A global scale the caller gives (MLX's convention, the tensor amax) must be finite and > 0: with
+// 0, -1 or NaN the bytes came out as without one, so dequantizing with it gave zeros, flipped signs
+// or NaN. A value readable now is checked here; a lazy or traced one gives NaN scales instead.
+void check_given_global_scale(const mx::array& gs) {
+  if (gs.is_tracer() || !gs.is_available()) return;
+  const float v = gs.data<float>()[0];  // one fp32 value (checked_global_scale)
+  // The multiplier too: global_scale / 2688 underflows to 0 below ~4e-42.
+  if (!(std::isfinite(v) && v / fp4::kGlobalScaleDenominator > 0.0f)) {
+    throw_invalid("[quantize] global_scale must be finite and > 0, with global_scale / 2688 > 0 in fp32 (the amax "
+                  "of |w|, MLX's convention), but got ", v,
+                  "; an all-zero w has no global scale: quantize it with global_scale=True or without one.");
+  }
+}
+
 }  // namespace
+
+static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::optional<mx::array>& global_scale,
+                                          bool given, int mode, mx::StreamOrDevice s);
 
 // Stacked weights [..., N, K] (mixture-of-experts): each matrix quantized on its own, so a
 // global scale is one per matrix (shape w.shape[:-2]), as mlx-lm's per-expert nvfp4 scales.
@@ -143,6 +171,7 @@ static std::vector<mx::array> quantize_stacked(const mx::array& w, bool with_glo
 std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, const std::string& mode,
                                 mx::StreamOrDevice s) {
   check_no_global_scale(parse_mode(mode, "quantize"), with_global_scale, "quantize");
+  check_quantize_not_empty(w_in);
   if (w_in.ndim() > 2) {
     return quantize_stacked(w_in, with_global_scale, mode, s);
   }
@@ -152,7 +181,7 @@ std::vector<mx::array> quantize(const mx::array& w_in, bool with_global_scale, c
   check_quantize_input(w_in);
   // MLX's convention: the global scale is the tensor amax (mx.quantize / mx.dequantize).
   auto amax = mx::max(mx::abs(mx::astype(w_in, mx::float32, s), s), s);
-  auto out = quantize(w_in, std::optional<mx::array>{amax}, mode, s);
+  auto out = quantize_2d(w_in, amax, false, parse_mode(mode, "quantize"), s);
   out.push_back(amax);
   return out;
 }
@@ -162,6 +191,16 @@ std::vector<mx::array> quantize(const mx::array& w_in, const std::optional<mx::a
   const int mode = parse_mode(mode_str, "quantize");
   check_no_global_scale(mode, global_scale.has_value(), "quantize");
   check_quantize_input(w_in);
+  check_quantize_not_empty(w_in);
+  if (global_scale) check_given_global_scale(checked_global_scale(*global_scale, "quantize"));
+  return quantize_2d(w_in, global_scale, true, mode, s);
+}
+
+// The 2-D quantizer, inputs checked. `given`: the global scale is the caller's (a lazy one that is
+// not finite and > 0 gives NaN scales), not the amax computed here (0 for an all-zero w, whose
+// scales are all 0 whatever the multiplier).
+static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::optional<mx::array>& global_scale,
+                                          bool given, int mode, mx::StreamOrDevice s) {
   const int n = w_in.shape(0);
   const int k = w_in.shape(1);
   const int block = fp4::block_size(mode);
@@ -192,6 +231,7 @@ std::vector<mx::array> quantize(const mx::array& w_in, const std::optional<mx::a
       auto usable = mx::logical_and(mx::greater(gs, f32(0.0f), s), mx::isfinite(gs, s), s);
       gs_safe = mx::where(usable, gs, f32(1.0f), s);
       target = mx::divide(target, gs_safe, s);
+      if (given) target = mx::where(usable, target, f32(std::numeric_limits<float>::quiet_NaN()), s);
     }
     scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
     auto scale_values = mx::take(e4m3_table(), mx::astype(scale_codes, mx::uint32, s), s);

@@ -4,6 +4,7 @@
 #include "gather_ops.h"
 
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -327,8 +328,31 @@ static mx::array finish_gather(mx::array y, const GatherInputs& in, const std::v
   return mx::astype(y, out_dtype, s);
 }
 
+InRangePairs in_range_pairs(const GatherInputs& in, mx::StreamOrDevice s) {
+  const auto count = [](const mx::array& a) {
+    return mx::array(static_cast<uint32_t>(product(a.shape().begin(), a.shape().end() - 2)), mx::uint32);
+  };
+  const auto zero = mx::array(uint32_t{0});
+  auto bad_lhs = mx::greater_equal(in.lhs, count(in.x), s);
+  auto bad_rhs = mx::greater_equal(in.rhs, count(in.w), s);
+  auto bad = mx::expand_dims(mx::logical_or(bad_lhs, bad_rhs, s), {-2, -1}, s);
+  auto factor = mx::where(bad, mx::array(std::numeric_limits<float>::quiet_NaN()), mx::array(1.0f), s);
+  return {mx::where(bad_lhs, zero, in.lhs, s), mx::where(bad_rhs, zero, in.rhs, s), factor, mx::any(bad_lhs, s)};
+}
+
+// `in` with its indices from `pairs` (every index in range).
+static GatherInputs with_pairs(const GatherInputs& in, const InRangePairs& pairs) {
+  GatherInputs safe = in;
+  safe.lhs = pairs.lhs;
+  safe.rhs = pairs.rhs;
+  return safe;
+}
+
 mx::array gather_w4a16_reference_canonical(
-    const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, mx::StreamOrDevice s) {
+    const GatherInputs& in_any, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype,
+    mx::StreamOrDevice s) {
+  const InRangePairs pairs = in_range_pairs(in_any, s);
+  const GatherInputs in = with_pairs(in_any, pairs);
   const auto& [x, w, scales, lhs, rhs, global_scale, mode] = in;
   const int k = x.shape(-1);
   const int n = w.shape(-2);
@@ -341,14 +365,16 @@ mx::array gather_w4a16_reference_canonical(
   const int x_batches = static_cast<int>(product(x.shape().begin(), x.shape().end() - 2));
   auto xf = mx::reshape(mx::astype(x, mx::float32, s), {x_batches, m, k}, s);
   auto y = mx::gather_mm(xf, mx::swapaxes(wf, -1, -2, s), lhs, rhs, false, s);
-  return finish_gather(y, in, epilogue, out_dtype, s);
+  return finish_gather(mx::multiply(y, pairs.factor, s), in, epilogue, out_dtype, s);
 }
 
 // GPU streams without our kernel for the mode: MLX's own mx::gather_qmm of that mode (its layout
 // needs K a multiple of the block; it rounds to x's dtype, then the chain runs in fp32 as above).
 static mx::array gather_mlx_route(
-    const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, bool sorted_rhs,
+    const GatherInputs& in_any, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, bool sorted_rhs,
     mx::StreamOrDevice s) {
+  const InRangePairs pairs = in_range_pairs(in_any, s);
+  const GatherInputs in = with_pairs(in_any, pairs);
   const int k = in.x.shape(-1);
   const int n = in.w.shape(-2);
   const int experts = static_cast<int>(product(in.w.shape().begin(), in.w.shape().end() - 2));
@@ -359,7 +385,7 @@ static mx::array gather_mlx_route(
   auto x = mx::reshape(in.x, {x_batches, in.x.shape(-2), k}, s);
   auto y = mx::gather_qmm(x, words, scales, std::nullopt, in.lhs, in.rhs, true, fp4::block_size(in.mode),
                           fp4::kNibbleBits, mode_name(in.mode), std::nullopt, sorted_rhs, s);
-  return finish_gather(mx::astype(y, mx::float32, s), in, epilogue, out_dtype, s);
+  return finish_gather(mx::multiply(mx::astype(y, mx::float32, s), pairs.factor, s), in, epilogue, out_dtype, s);
 }
 
 // The Metal tuner's measured route of the gathered shape (python/mlx_fp4/tuning.py), if it has one:

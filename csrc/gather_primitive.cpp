@@ -1,8 +1,10 @@
 // GatherW4A16Matmul: state, shape inference and transforms. Gradients come from the MLX-ops
 // version of the same math (gather_w4a16_reference_canonical, built on mx::gather_mm), which
-// MLX differentiates; vmap folds the mapped axis into the index arrays and re-issues the op.
+// MLX differentiates (NaN flows back from the rows of an out-of-range index); vmap folds the mapped
+// axis into the index arrays and re-issues the op.
 #include "gather_primitive.h"
 
+#include <limits>
 #include <numeric>
 
 #include "errors.h"
@@ -139,6 +141,15 @@ std::vector<mx::array> GatherW4A16Matmul::vjp(
   std::optional<mx::array> gs;
   if (has_global_scale_) gs = primals[kGatherFirstOptional];
   const auto specs = epilogue_specs(primals);
+  // A pair with an out-of-range index has NaN rows, and NaN flows back: its cotangent is NaN, so
+  // every gradient it reaches is; a bad lhs names no row of x, so then all of x's gradient is NaN.
+  const auto s = stream();
+  const auto pairs = in_range_pairs(
+      {primals[kGatherX], primals[kGatherW], primals[kGatherScales], primals[kGatherLhs], primals[kGatherRhs], gs,
+       mode_},
+      s);
+  const std::vector<mx::array> cot = {
+      mx::multiply(cotangents[0], mx::astype(pairs.factor, cotangents[0].dtype(), s), s)};
   auto fn = [&](const std::vector<mx::array>& args) {
     auto sp = specs;
     int next = 1;
@@ -151,11 +162,13 @@ std::vector<mx::array> GatherW4A16Matmul::vjp(
   };
   std::vector<mx::array> args;
   for (int i : pos) args.push_back(primals[i]);
-  auto [outs, grads] = mx::vjp(fn, args, cotangents);
+  auto [outs, grads] = mx::vjp(fn, args, cot);
+  const auto nan = mx::array(std::numeric_limits<float>::quiet_NaN(), grads[0].dtype());
+  grads[0] = mx::where(pairs.lhs_out_of_range, nan, grads[0], s);
   std::vector<mx::array> result;
   for (int a : argnums) {
     auto it = std::find(pos.begin(), pos.end(), a);
-    result.push_back(it == pos.end() ? mx::zeros_like(primals[a], stream()) : grads[it - pos.begin()]);
+    result.push_back(it == pos.end() ? mx::zeros_like(primals[a], s) : grads[it - pos.begin()]);
   }
   return result;
 }
@@ -187,7 +200,9 @@ std::pair<std::vector<mx::array>, std::vector<int>> GatherW4A16Matmul::vmap(
     offset_shape[0] = batch;
     auto offsets = mx::reshape(mx::multiply(mx::arange(batch, mx::uint32, s), mx::array(per_map, mx::uint32), s),
                                offset_shape, s);
-    lhs = mx::add(lhs, offsets, s);
+    // An out-of-range lhs stays out of range (plus the offset it would name another map's matrix).
+    const auto in_map = mx::less(lhs, mx::array(static_cast<uint32_t>(per_map)), s);
+    lhs = mx::where(in_map, mx::add(lhs, offsets, s), mx::array(std::numeric_limits<uint32_t>::max()), s);
   }
   mx::Shape b = mx::broadcast_shapes(lhs.shape(), rhs.shape());
   b[0] = batch;

@@ -86,6 +86,17 @@ struct GatherInputs {
   int mode = fp4::kModeNvfp4;  // fp4::Mode of the scales
 };
 
+// The pairs of canonical inputs with every out-of-range index (the kernels' NaN rows) replaced by
+// 0, and per pair a factor of 1 or NaN. The MLX-ops forms read these: mx.gather_mm reads a bad
+// index modulo the batch (a finite, wrong row) and its vjp scatters past x (a SIGSEGV).
+struct InRangePairs {
+  mx::array lhs;          // B, uint32, < the matrices of x
+  mx::array rhs;          // B, uint32, < the experts
+  mx::array factor;       // B + [1, 1] fp32: NaN where the pair had an out-of-range index, else 1
+  mx::array lhs_out_of_range;  // scalar bool: some lhs index was out of range
+};
+InRangePairs in_range_pairs(const GatherInputs& in, mx::StreamOrDevice s);
+
 // The op on canonical inputs: builds the graph node (operands are canonicalized here).
 mx::array gather_w4a16_node(
     const GatherInputs& in, const std::vector<EpilogueSpec>& epilogue, mx::Dtype out_dtype, bool sorted_rhs,

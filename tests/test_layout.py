@@ -15,7 +15,7 @@ RANK = {
     "_build_info": 0, "_version": 0, "_ext": 0, "_version_check": 1, "formats": 0, "tuning": 1.2, "ops": 1.5,
     "layers.linear": 2, "layers.swiglu": 3, "layers.sharded": 3, "layers.switch": 3, "layers.sharded_switch": 3.5, "layers": 4,
     "convert": 5, "recipes": 5.5, "distributed": 6,
-    "checkpoints.dialects": 6, "checkpoints.gguf": 6, "checkpoints.recipe": 6, "checkpoints.source": 6, "checkpoints.config_check": 6.5, "checkpoints.io": 7, "checkpoints.experts": 7, "checkpoints.models": 8, "checkpoints": 9,
+    "checkpoints.dialects": 6, "checkpoints.gguf": 6, "checkpoints.safetensors_header": 6, "checkpoints.recipe": 6, "checkpoints.source": 6, "checkpoints.config_check": 6.5, "checkpoints.io": 7, "checkpoints.experts": 7, "checkpoints.models": 8, "checkpoints": 9,
     "export": 1, "bench": 9, "bench.__main__": 9, "cli": 10, "nn": 11, "__init__": 12, "__main__": 13,
 }
 

@@ -517,7 +517,9 @@ def quantize(
             w = m.weight
             # With a global scale: the amax of the whole (group-wide) tensor, as unsharded.
             g = amax[path] if gs else None
-            packed, scales = ops.quantize(w, mode=layer_mode) if g is None else ops.quantize(w, global_scale=g)
+            # An all-zero tensor (amax 0; quantize refuses 0 as a given scale) has zero bytes either way.
+            plain = g is None or float(g.item()) == 0.0
+            packed, scales = ops.quantize(w, mode=layer_mode) if plain else ops.quantize(w, global_scale=g)
             new = cls._blank(m.group, g, layer_mode)
             new.weight = packed.view(mx.uint32)
             new.scales = scales

@@ -18,6 +18,7 @@ from ..formats import GROUP_SIZE, VALUES_PER_U32, describe, group_size_of
 from .dialects import (
     ACTIVATION_SCALES,
     DIALECT_KEYS,
+    QUANTIZATION_NAMES,
     classify,
     from_compressed_tensors,
     load_error,
@@ -27,8 +28,9 @@ from .dialects import (
     quant_info,
 )
 from .recipe import fp4_mode, quantization_block
+from .safetensors_header import check_header
 
-__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "copy_tokenizer", "read_configs"]
+__all__ = ["load_nvfp4", "save_nvfp4", "NVFP4Weights", "checked_shapes", "copy_tokenizer", "read_configs"]
 
 Source = Union[str, os.PathLike, Mapping[str, mx.array]]
 
@@ -70,13 +72,16 @@ def _weight_map_files(weight_map, index_path: Path) -> List[str]:
 
 
 def _inside(folder: Path, name: str, index_path: Path) -> Path:
-    """A file an index names, resolved inside the folder: an absolute or '..' path is an error, so a
-    checkpoint cannot make the loader read elsewhere."""
-    root = folder.resolve()
-    target = (folder / name).resolve()
-    if Path(name).is_absolute() or (target != root and root not in target.parents):
+    """A .safetensors file an index names, inside the folder by its name: an absolute path or one
+    whose '..' climbs out is an error, so a checkpoint cannot make the loader read elsewhere.
+    Symbolic links in the folder are followed (the Hugging Face cache links each file to a blob
+    outside the snapshot folder)."""
+    rel = os.path.normpath(name)
+    if "\0" in rel or os.path.isabs(rel) or rel == os.pardir or rel.startswith(os.pardir + os.sep):
         raise load_error(f"{index_path} names {name!r}, which is outside the checkpoint folder {folder}.")
-    return target
+    if not rel.endswith(".safetensors"):
+        raise load_error(f"{index_path} names {name!r}, not a .safetensors file.")
+    return folder / rel
 
 
 def read_configs(folder: Path) -> dict:
@@ -91,11 +96,26 @@ def read_configs(folder: Path) -> dict:
     return cfg
 
 
+def checked_shapes(path: Path) -> Dict[str, List[int]]:
+    """A safetensors file's tensor shapes from its checked header (check_header): what mx.load may
+    read. Else a clear error naming the file."""
+    try:
+        return check_header(path)
+    except OSError as e:
+        raise load_error(f"cannot read {path}: {e}.") from None
+    except ValueError as e:
+        raise load_error(f"{path} is not a valid safetensors file: {e}.") from None
+
+
 def _load_file(path: Path) -> Tuple[dict, dict]:
+    """A safetensors file's arrays and metadata; its header is checked first."""
+    shapes = checked_shapes(path)
     try:
         arrays, metadata = mx.load(str(path), return_metadata=True)
-    except Exception as e:  # pragma: no cover - message depends on MLX
+    except Exception as e:  # pragma: no cover - the header check above leaves MLX little to refuse
         raise load_error(f"cannot read {path}: {e}") from e
+    if {k: list(v.shape) for k, v in arrays.items()} != shapes:  # pragma: no cover - a defence
+        raise load_error(f"{path}: MLX read other tensors or shapes than the file's header declares.")
     return arrays, dict(metadata or {})
 
 
@@ -164,17 +184,21 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
     out = NVFP4Weights()
     consumed = set()
     done = set()
+    passed = set()  # tensors passed through as they are
     for key in weights:
         if key in consumed:
             continue
         p, _, name = key.rpartition(".")
         dialect = layers.get(p)
         if dialect is None or name not in DIALECT_KEYS[dialect]:
+            if dialect is not None and name in QUANTIZATION_NAMES:
+                raise load_error(f"{key}: a {name!r} tensor in the {dialect} layer {p!r} (tensors of two formats).")
             if name in ACTIVATION_SCALES and (
                 dialect is not None or info["method"] in ("modelopt", "compressed-tensors")
             ):
                 continue  # W4A4 / FP8-KV calibration scales: unused by W4A16
             out[key] = weights[key]
+            passed.add(key)
             continue
         if p in done:
             continue
@@ -210,6 +234,9 @@ def load_nvfp4(source: Source, *, config: Optional[dict] = None) -> NVFP4Weights
         out.update(conv)
         out.dialects.add(dialect)
         out.quantized.append(p)
+    clash = sorted(passed & {f"{p}.{n}" for p in out.quantized for n in ("weight", "scales", "global_scale")})
+    if clash:  # the converted tensor and the file's of the same name: which one loads was the order
+        raise load_error(f"{clash[0]} is a tensor of the checkpoint and also what its layer converts to.")
     return out
 
 

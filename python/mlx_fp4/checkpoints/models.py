@@ -17,10 +17,12 @@ from .config_check import check_against_model
 from .dialects import quant_info
 from .experts import stack_experts, swap_switch_layers
 from .gguf import is_gguf, load_gguf
-from .io import NVFP4Weights, load_nvfp4, read_configs
+from .io import NVFP4Weights, checked_shapes, load_nvfp4, read_configs
 from .source import resolve
 
 __all__ = ["load", "load_model", "load_weights"]
+
+MLX_LM_WEIGHT_FILES = "model*.safetensors"  # what mlx_lm.utils.load_model reads (its glob)
 
 
 def load_weights(
@@ -162,6 +164,8 @@ def load_model(path, lazy: bool = False, strict: bool = True, model_config: Opti
 
     path = Path(path)
     configs = read_configs(path)
+    for f in sorted(path.glob(MLX_LM_WEIGHT_FILES)):  # mlx-lm mx.loads them: the headers first
+        checked_shapes(f)
     model_config = dict(model_config or {})
     if "quantization" not in configs.get("config", {}) and quant_info(configs)["method"] in (
         "modelopt",

@@ -199,7 +199,10 @@ class FP4Linear(GlobalScaleMixin, nn.QuantizedLinear):
             packed, scales = ops.quantize(linear_layer.weight, mode=mode)
         else:
             ql.global_scale = global_scale  # checked here, before any work
-            packed, scales = ops.quantize(linear_layer.weight, global_scale=ql["global_scale"])
+            # The value as given (the stored one is a lazy padded view, whose value quantize
+            # could check only at eval).
+            given = as_global_scale(global_scale, "FP4Linear.from_linear")
+            packed, scales = ops.quantize(linear_layer.weight, global_scale=given)
         ql.weight = packed.view(mx.uint32)
         ql.scales = scales
         if "bias" in linear_layer:
