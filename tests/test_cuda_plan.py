@@ -106,7 +106,7 @@ def test_load_conditions(driver):
 
 
 # The wgmma kernel (sm_90a): automatic for 17 <= M <= 512 where its TMA copies apply (16-bit x,
-# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, docs/wgmma.md): at M = 32 it
+# NVFP4, rows in 16-byte units), measured on an H200 (kernel harness, benchmarks/notes/wgmma.md): at M = 32 it
 # beat the staged kernel on 8192^2 (22.2 vs 32.8 us, harness_staged_epilogue_f3.txt); with the
 # 128-row tile's 128-K stages (stop 30, harness_k128_h2) it beat dequantize + cuBLASLt up to M = 512
 # on all three shapes (M = 512: 107.6 vs 126.0 us on 8192^2, 115.5 vs 122.5 on 14336 x 4096).

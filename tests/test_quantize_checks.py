@@ -114,3 +114,12 @@ def test_distributed_all_zero_layer_with_global_scale():
     x = mx.ones((1, K))
     np.testing.assert_array_equal(np.array(zero(x)), np.broadcast_to(np.array(zero.bias), (1, N)))
     assert other.global_scale.item() > 0
+
+
+@pytest.mark.parametrize("bad", BAD_SCALES, ids=BAD_IDS)
+def test_layer_global_scale_setter_refuses_known_bad_value(bad):
+    """Setting a known non-finite or non-positive number on a layer would give NaN, sign-flipped
+    or zero outputs silently: the setter refuses it, naming global_scale."""
+    layer = FP4Linear.from_linear(nn.Linear(K, N), global_scale=True)
+    with pytest.raises(ValueError, match=r"global_scale must be finite and > 0"):
+        layer.global_scale = float(bad)

@@ -284,7 +284,7 @@ void run_profile() {
   }
   // The kernel's fixed cost: one wave of the same blocks (N = 8192: 64 weight tiles, M = 128 in
   // two 64-row x tiles, no split) over 1, 4 and 16 stages of K; ncu's durations against the
-  // stage count give the per-stage time and the intercept (docs/wgmma.md, stop 28).
+  // stage count give the per-stage time and the intercept (benchmarks/notes/wgmma.md).
   constexpr int64_t kFixedCostM = 128;
   constexpr int64_t kStage = fp4::cuda_tiling::kWgmmaKUnit;
   for (int64_t k : {kStage, 4 * kStage, 16 * kStage}) {

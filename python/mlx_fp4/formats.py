@@ -107,6 +107,14 @@ def as_global_scale(value, where: str) -> Optional[mx.array]:
     if isinstance(value, bool):
         raise ValueError(f"[{where}] expected a float or a float32 scalar array but got a bool.")
     if isinstance(value, (int, float, np.floating, np.integer)):
+        # A known value that is not finite and > 0 in fp32 (also as the multiplier, value / 2688)
+        # would give NaN, sign-flipped or zero layers.
+        with np.errstate(over="ignore", under="ignore"):
+            v32 = np.float32(value)
+            multiplier = v32 / np.float32(E2M1_E4M3_MAX)
+        if not (np.isfinite(v32) and multiplier > 0):
+            raise ValueError(f"[{where}] global_scale must be finite and > 0 (also / {E2M1_E4M3_MAX:g} in "
+                             f"fp32) but got {float(value)!r}.")
         return mx.array([float(value)], dtype=mx.float32)
     if isinstance(value, mx.array):
         if value.size != 1:
