@@ -77,7 +77,7 @@ def test_layers_refuse_short_x(short_k):
 @pytest.mark.parametrize("bad", [(1 << 32) + 1, (1 << 40), -1])
 def test_gather_lazy_int64_out_of_range_is_nan(side, bad):
     """A lazy int64 index of 2^32 + 1 wrapped to 1 in the uint32 cast and silently used expert
-    (or x matrix) 1; the README promises NaN rows for lazy bad indices. Under compile too."""
+    (or x matrix) 1; docs promise NaN rows for lazy bad indices. Under compile too."""
     g = common.rng("int64_idx", side)
     w = mx.array(g.integers(0, 256, (E, N, K // 2), dtype=np.uint8))
     s = mx.array(g.integers(0x30, 0x40, (E, N, K // 16), dtype=np.uint8))
