@@ -29,31 +29,34 @@ from .tuning import before_gather as _tune_gather, before_matmul as _tune_before
 _TUNING_POSSIBLE = mx.metal.is_available()
 
 
-# Same signatures as the extension's functions (functools.wraps exposes them); inside export_mode()
-# the calls go to the MLX-native lowering instead.
-@functools.wraps(_ext.w4a16_matmul)
-def w4a16_matmul(*args, **kwargs):
-    if _EXPORTING.get():
-        return lowered_w4a16_matmul(*args, **kwargs)
-    if not _TUNING_POSSIBLE:
-        return _ext.w4a16_matmul(*args, **kwargs)
-    x, w = (list(args[:2]) + [kwargs.get("x"), kwargs.get("w")][len(args[:2]):])[:2]
-    if x is not None and w is not None:  # Apple GPUs: the measured route (tuning.py)
-        _tune_before(x, w, kwargs.get("mode", "nvfp4"), kwargs.get("stream"))
-    return _ext.w4a16_matmul(*args, **kwargs)
+def _x_and_w(args, kwargs):
+    """The call's x and w, given by position or keyword (None when missing: the op then raises)."""
+    return (list(args[:2]) + [kwargs.get("x"), kwargs.get("w")][len(args[:2]):])[:2]
 
 
-@functools.wraps(_ext.gather_w4a16_matmul)
-def gather_w4a16_matmul(*args, **kwargs):
-    if _EXPORTING.get():
-        return lowered_gather_w4a16_matmul(*args, **kwargs)
-    if not _TUNING_POSSIBLE:
-        return _ext.gather_w4a16_matmul(*args, **kwargs)
-    x, w = (list(args[:2]) + [kwargs.get("x"), kwargs.get("w")][len(args[:2]):])[:2]
-    if x is not None and w is not None:  # Apple GPUs: the measured route (tuning.py)
-        _tune_gather(x, w, kwargs.get("lhs_indices"), kwargs.get("rhs_indices"),
-                     kwargs.get("sorted_indices", False), kwargs.get("mode", "nvfp4"), kwargs.get("stream"))
-    return _ext.gather_w4a16_matmul(*args, **kwargs)
+def _routed(ext_fn, lowered_fn, tune):
+    """``ext_fn`` with its signature (functools.wraps exposes it); inside export_mode() the call
+    goes to the MLX-native ``lowered_fn``; on Apple GPUs ``tune(x, w, kwargs)`` runs first (the
+    measured route, tuning.py)."""
+    @functools.wraps(ext_fn)
+    def op(*args, **kwargs):
+        if _EXPORTING.get():
+            return lowered_fn(*args, **kwargs)
+        if _TUNING_POSSIBLE:
+            x, w = _x_and_w(args, kwargs)
+            if x is not None and w is not None:
+                tune(x, w, kwargs)
+        return ext_fn(*args, **kwargs)
+    return op
+
+
+w4a16_matmul = _routed(
+    _ext.w4a16_matmul, lowered_w4a16_matmul,
+    lambda x, w, kw: _tune_before(x, w, kw.get("mode", "nvfp4"), kw.get("stream")))
+gather_w4a16_matmul = _routed(
+    _ext.gather_w4a16_matmul, lowered_gather_w4a16_matmul,
+    lambda x, w, kw: _tune_gather(x, w, kw.get("lhs_indices"), kw.get("rhs_indices"), kw.get("sorted_indices", False),
+                                  kw.get("mode", "nvfp4"), kw.get("stream")))
 
 
 __all__ = [
