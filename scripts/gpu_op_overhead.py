@@ -22,30 +22,40 @@ import time
 import mlx.core as mx
 
 import mlx_fp4 as mx_fp4
+from mlx_fp4.formats import device_resident
 
 ROTATE_BYTES = 400 * 10**6
 IMPLS = ("mlx_fp4", "mlx_fp4_gs", "mlx_fp4_gs_padded", "mlx_fp4_own", "mlx_fp4_own_gs", "mlx_nvfp4", "dense_bf16")
 
 
-def quantized_sets(n, k, copies, seed):
-    """`copies` random weights [N, K] (scaled 1/sqrt(K): chains keep their magnitude) in each format."""
-    sets = {impl: [] for impl in IMPLS}
+def _weights(w):
+    """impl -> the arrays its product reads, built from the float weight w (lazily)."""
+    qw, qs = mx.quantize(w, mode="nvfp4", group_size=16, bits=4)[:2]
+    gs = mx.max(mx.abs(w)).astype(mx.float32).reshape(1)
+    return {
+        "mlx_nvfp4": lambda: (qw, qs),
+        "mlx_fp4": lambda: (qw, qs),  # the same bytes: ours reads MLX's uint32 layout
+        # The same bytes with a global scale (MLX's amax convention): the scale's own cost, in a
+        # 4-byte buffer (MLX CUDA's managed small-allocation pool) and as the layers store it.
+        "mlx_fp4_gs": lambda: (qw, qs, gs),
+        "mlx_fp4_gs_padded": lambda: (qw, qs, device_resident(gs)),
+        # What mx_fp4.quantize gives (uint8 layout, its own amax with global_scale=True).
+        "mlx_fp4_own": lambda: tuple(mx_fp4.quantize(w, global_scale=False)),
+        "mlx_fp4_own_gs": lambda: tuple(mx_fp4.quantize(w, global_scale=True)),
+        "dense_bf16": lambda: (w.astype(mx.bfloat16),),
+    }
+
+
+def quantized_sets(n, k, copies, seed, impls=IMPLS):
+    """`copies` random weights [N, K] (scaled 1/sqrt(K): chains keep their magnitude) in each
+    format of `impls`."""
+    sets = {impl: [] for impl in impls}
     for c in range(copies):
         w = mx.random.normal((n, k), key=mx.random.key(seed * 1000 + c)) * (k ** -0.5)
-        qw, qs = mx.quantize(w, mode="nvfp4", group_size=16, bits=4)[:2]
-        gs = mx.max(mx.abs(w)).astype(mx.float32).reshape(1)
-        sets["mlx_nvfp4"].append((qw, qs))
-        sets["mlx_fp4"].append((qw, qs))  # the same bytes: ours reads MLX's uint32 layout
-        # The same bytes with a global scale (MLX's amax convention): the scale's own cost.
-        sets["mlx_fp4_gs"].append((qw, qs, gs))
-        # The same scale as a view of a 16-byte buffer: MLX's CUDA allocator keeps buffers of <= 8
-        # bytes in a managed-memory pool, which the GPU reads across the bus.
-        sets["mlx_fp4_gs_padded"].append((qw, qs, mx.concatenate([gs, mx.zeros((3,), mx.float32)])[:1]))
-        # What mx_fp4.quantize(global_scale=True) gives (uint8 layout, its own amax): the default path.
-        sets["mlx_fp4_own"].append(tuple(mx_fp4.quantize(w, global_scale=False)))
-        sets["mlx_fp4_own_gs"].append(tuple(mx_fp4.quantize(w, global_scale=True)))
-        sets["dense_bf16"].append((w.astype(mx.bfloat16),))
-        mx.eval(*(sets[impl][-1] for impl in IMPLS))
+        build = _weights(w)
+        for impl in impls:
+            sets[impl].append(build[impl]())
+        mx.eval(*(sets[impl][-1] for impl in impls))
     return sets
 
 
@@ -113,7 +123,7 @@ def real_chains(ms, repeats, quick):
             copies = max(1, -(-ROTATE_BYTES // per))
             layers = []
             for c in range(copies):
-                parts = [quantized_sets(n, k, 1, seed=100 * c + j)[impl][0] for j, (n, k) in enumerate(pair)]
+                parts = [quantized_sets(n, k, 1, seed=100 * c + j, impls=(impl,))[impl][0] for j, (n, k) in enumerate(pair)]
                 layers += parts
             for m in ms:
                 x = mx.random.normal((m, pair[0][1])).astype(mx.bfloat16)
