@@ -120,13 +120,14 @@ def load(path):
     return model, encode, how
 
 
-def perplexity(model, tokens, window, reference=None):
+def perplexity(model, tokens, window, reference=None, keep=False):
     """exp(mean NLL) of tokens[1:], windows of `window` predictions (each window restarts the
     context; consecutive windows share one token), float32 log-softmax. With `reference` (the
     log-probabilities per window of another variant, bf16's), also the mean KL divergence
     KL(reference || this) per token and how often both pick the same top-1 token: a far less noisy
     measure than perplexity of how close a quantization stays to the float model.
-    Returns (perplexity, mean NLL, tokens scored, {kl, top1} or {}, log-probabilities per window)."""
+    Returns (perplexity, mean NLL, tokens scored, {kl, top1} or {}, log-probabilities per window
+    when `keep` (to be the reference of later variants), else [])."""
     nll, n, kl, top1, logps = 0.0, 0, 0.0, 0, []
     for i, s in enumerate(range(0, len(tokens) - 1, window)):
         chunk = mx.array(tokens[s:s + window + 1])[None]
@@ -138,8 +139,9 @@ def perplexity(model, tokens, window, reference=None):
             ref = reference[i]
             kl += mx.sum(mx.exp(ref) * (ref - logp)).item()
             top1 += mx.sum(mx.argmax(ref, axis=-1) == mx.argmax(logp, axis=-1)).item()
-        mx.eval(logp)
-        logps.append(logp)
+        if keep:
+            mx.eval(logp)
+            logps.append(logp)
     vs_ref = {} if reference is None else {"kl_vs_reference": kl / n, "top1_agreement": top1 / n}
     return math.exp(nll / n), nll / n, n, vs_ref, logps
 
@@ -166,9 +168,10 @@ def decoded(m, dtype):
     return out
 
 
-def run_variant(name, model, saved, counts, tokens, window, forward="dense", dtype=mx.bfloat16, reference=None):
+def run_variant(name, model, saved, counts, tokens, window, forward="dense", dtype=mx.bfloat16, reference=None,
+                keep=False):
     """Quantize `model`'s linears as variant `name`, measure, and put the float linears `saved` back.
-    Returns (results, log-probabilities per window) (see perplexity: `reference`)."""
+    Returns (results, log-probabilities per window when `keep`) (see perplexity)."""
     label, quantizer = VARIANTS[name]
     t0 = time.perf_counter()
     summary = quantizer(model) if quantizer else None
@@ -185,7 +188,7 @@ def run_variant(name, model, saved, counts, tokens, window, forward="dense", dty
         mods = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
         model.update_modules(tree_unflatten([(p, decoded(mods[p], dtype)) for p, _ in saved]))
     t2 = time.perf_counter()
-    ppl, nll, n, vs_ref, logps = perplexity(model, tokens, window, reference)
+    ppl, nll, n, vs_ref, logps = perplexity(model, tokens, window, reference, keep)
     res.update({"perplexity": ppl, "nll_per_token": nll, "tokens_scored": n, **vs_ref, "quantize_s": t1 - t0,
                 "eval_s": time.perf_counter() - t2})
     model.update_modules(tree_unflatten(saved))
@@ -272,7 +275,7 @@ def main(argv) -> int:
     # bf16 first: its log-probabilities are every other variant's KL / top-1 reference.
     for name in sorted(args.variants, key=lambda v: v != KL_REFERENCE):
         results[name], logps = run_variant(name, model, saved, counts, tokens, args.window, args.forward, compute,
-                                           reference)
+                                           reference, keep=name == KL_REFERENCE)
         if name == KL_REFERENCE:
             reference = logps
         r = results[name]
