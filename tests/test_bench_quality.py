@@ -60,3 +60,27 @@ def test_numbers(doc):
     # Our quantizer rounds ties of |w| / scale to the even E2M1 code, MLX's toward zero (~0.7% of the
     # codes of a bf16 SmolLM2 layer differ): close, not equal.
     assert v["ours_nvfp4_false"]["perplexity"] == pytest.approx(v["mlx_nvfp4"]["perplexity"], rel=0.1)
+
+
+def test_wrapped_interval_is_zero_and_reported(doc):
+    """ours on MLX's bytes scores every token as MLX does: the paired interval collapses to 0."""
+    v = doc["variants"]
+    assert v["ours_nvfp4_wrapped"]["vs_mlx_nvfp4_95"] == pytest.approx([0.0, 0.0], abs=1e-6)
+    lo, hi = v["bf16"]["vs_mlx_nvfp4_95"]
+    # Here the text is one block long (every draw is the whole text): the interval is the point.
+    assert lo - 1e-6 <= v["bf16"]["vs_mlx_nvfp4"] <= hi + 1e-6
+
+
+def test_paired_ratio_interval():
+    """A constant per-token NLL shift d is a perplexity ratio of exp(d) whichever tokens are drawn; a
+    shift on a few irregularly spaced tokens spreads the interval around its mean; the draws are
+    seeded."""
+    ref = [1.0 + 0.01 * (i % 7) for i in range(640)]
+    lo, hi = quality.paired_ratio_interval([r + 0.05 for r in ref], ref)
+    assert lo == pytest.approx(math.exp(0.05) - 1) and hi == pytest.approx(math.exp(0.05) - 1)
+    hit = {3, 50, 51, 200, 333, 334, 335, 600}
+    bumped = [r + (3.2 if i in hit else 0.0) for i, r in enumerate(ref)]
+    lo, hi = quality.paired_ratio_interval(bumped, ref)
+    mean = math.exp(3.2 * len(hit) / len(ref)) - 1
+    assert lo < mean < hi and hi - lo > 0.01
+    assert quality.paired_ratio_interval(bumped, ref) == (lo, hi)

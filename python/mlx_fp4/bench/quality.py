@@ -15,6 +15,7 @@ import time
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..convert import bits_per_weight, quantize
@@ -23,6 +24,8 @@ from . import plot, report
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "english.txt")
 STEM = "quality"
 REFERENCE = "mlx_nvfp4"
+BOOTSTRAP_BLOCK = 64  # tokens per resampled block (the paired interval of a perplexity ratio)
+BOOTSTRAP_DRAWS = 2000
 KL_REFERENCE = "bf16"
 BPW_DEFINITION = ("bits of the linear layers' weight, scales, biases (affine zero points) and global scales "
                   "over their weight count (embedding, tied output head and norms excluded: bf16 in every variant)")
@@ -127,13 +130,15 @@ def perplexity(model, tokens, window, reference=None, keep=False):
     KL(reference || this) per token and how often both pick the same top-1 token: a far less noisy
     measure than perplexity of how close a quantization stays to the float model.
     Returns (perplexity, mean NLL, tokens scored, {kl, top1} or {}, log-probabilities per window
-    when `keep` (to be the reference of later variants), else [])."""
-    nll, n, kl, top1, logps = 0.0, 0, 0.0, 0, []
+    when `keep` (to be the reference of later variants), else [], the NLL of every scored token)."""
+    nll, n, kl, top1, logps, per_token = 0.0, 0, 0.0, 0, [], []
     for i, s in enumerate(range(0, len(tokens) - 1, window)):
         chunk = mx.array(tokens[s:s + window + 1])[None]
         logits = model(chunk[:, :-1]).astype(mx.float32)
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nll += -mx.take_along_axis(logp, chunk[:, 1:, None], axis=-1).sum().item()
+        token_nll = -mx.take_along_axis(logp, chunk[:, 1:, None], axis=-1).reshape(-1)
+        per_token += token_nll.tolist()
+        nll += token_nll.sum().item()
         n += chunk.shape[1] - 1
         if reference is not None:
             ref = reference[i]
@@ -143,7 +148,22 @@ def perplexity(model, tokens, window, reference=None, keep=False):
             mx.eval(logp)
             logps.append(logp)
     vs_ref = {} if reference is None else {"kl_vs_reference": kl / n, "top1_agreement": top1 / n}
-    return math.exp(nll / n), nll / n, n, vs_ref, logps
+    return math.exp(nll / n), nll / n, n, vs_ref, logps, per_token
+
+
+def paired_ratio_interval(nll, ref_nll, block=BOOTSTRAP_BLOCK, draws=BOOTSTRAP_DRAWS, seed=0):
+    """95% interval of perplexity / reference perplexity - 1 from a paired moving-block bootstrap
+    over the scored tokens (blocks of `block` consecutive tokens: a token's NLL is correlated with
+    its neighbours'). Both lists score the same tokens. How far a ratio can move by which tokens the
+    text happens to hold: the text is one draw of English, not the language."""
+    d = np.asarray(nll, dtype=np.float64) - np.asarray(ref_nll, dtype=np.float64)
+    n = d.size
+    block = max(1, min(block, n))
+    starts = np.random.default_rng(seed).integers(0, n - block + 1, size=(draws, -(-n // block)))
+    idx = (starts[..., None] + np.arange(block)).reshape(draws, -1)[:, :n]
+    ratios = np.exp(d[idx].mean(axis=1)) - 1
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def linear_bits_per_weight(model, paths, counts):
@@ -188,11 +208,16 @@ def run_variant(name, model, saved, counts, tokens, window, forward="dense", dty
         mods = dict(tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module))
         model.update_modules(tree_unflatten([(p, decoded(mods[p], dtype)) for p, _ in saved]))
     t2 = time.perf_counter()
-    ppl, nll, n, vs_ref, logps = perplexity(model, tokens, window, reference, keep)
-    res.update({"perplexity": ppl, "nll_per_token": nll, "tokens_scored": n, **vs_ref, "quantize_s": t1 - t0,
+    ppl, nll, n, vs_ref, logps, per_token = perplexity(model, tokens, window, reference, keep)
+    res.update({"perplexity": ppl, "nll_per_token": nll, "tokens_scored": n, **vs_ref, "token_nll": per_token,
+                "quantize_s": t1 - t0,
                 "eval_s": time.perf_counter() - t2})
     model.update_modules(tree_unflatten(saved))
     return res, logps
+
+
+def interval(iv):
+    return "" if iv is None or iv == (0.0, 0.0) else f" [{iv[0]:+.1%}, {iv[1]:+.1%}]"
 
 
 def table(doc):
@@ -203,7 +228,8 @@ def table(doc):
         gs = (f"{r['global_scale_layers']}/{r['quantized_layers']}" if "global_scale_layers" in r else "-")
         f = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
         rows.append([f"{name}: {r['label']}", f"{r['perplexity']:.4f}", f(r.get("vs_bf16"), "+.2%"),
-                     f(r.get(f"vs_{REFERENCE}"), "+.2%"), f(r.get("kl_vs_reference"), ".5f"),
+                     f(r.get(f"vs_{REFERENCE}"), "+.2%") + interval(r.get(f"vs_{REFERENCE}_95")),
+                     f(r.get("kl_vs_reference"), ".5f"),
                      f(r.get("top1_agreement"), ".1%"), f"{r['bits_per_weight']:.4f}", gs])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
@@ -214,7 +240,8 @@ def legend(doc):
     return (f"Perplexity: exp(mean NLL) of {t['tokens_scored']} tokens of {t['name']} ({t['tokens']} tokens, "
             f"sha256 {t['sha256'][:12]}) in windows of {t['window']} predictions, float32 log-softmax, mlx-lm "
             f"forward ({fw['mode']}: {fw['description']}; {fw['activations']} activations); vs X: perplexity / "
-            f"X's - 1. KL vs {KL_REFERENCE}: mean KL({KL_REFERENCE} || variant) in nats per token over the same "
+            f"X's - 1, with [its 95% interval from a paired bootstrap over blocks of {BOOTSTRAP_BLOCK} tokens]. "
+            f"KL vs {KL_REFERENCE}: mean KL({KL_REFERENCE} || variant) in nats per token over the same "
             f"positions; top-1: share of positions where both pick the same next token. Bits/weight: "
             f"{BPW_DEFINITION}. Global scales: linears that kept a per-tensor scale / linears quantized. Model: "
             f"{doc['model']['path']} via {doc['model']['loader']}; every variant quantized from its bf16 weights.")
@@ -286,6 +313,7 @@ def main(argv) -> int:
         for ref in ("bf16", REFERENCE):
             if ref in results:
                 r[f"vs_{ref}"] = r["perplexity"] / results[ref]["perplexity"] - 1
+                r[f"vs_{ref}_95"] = paired_ratio_interval(r["token_nll"], results[ref]["token_nll"])
     info["load_average_1m_at_end"] = report.load_average()
     doc = {"schema": 1, "command": "python -m mlx_fp4.bench quality " + " ".join(argv), "device": info,
            "model": {"path": path, "name": os.path.splitext(os.path.basename(path.rstrip("/")))[0], "loader": how,
