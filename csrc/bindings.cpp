@@ -365,8 +365,9 @@ Returns:
 
 Returns:
     ``(packed, scales)``: uint8 ``[N, ceil(K/2)]`` (low nibble = even k, padding nibbles 0)
-    and uint8 ``[N, ceil(K/16)]`` E4M3 bits (block amax / 6, round-to-nearest-even,
-    saturating at 448); values rounded to E2M1 nearest-even.
+    and uint8 ``[N, ceil(K/16)]`` E4M3 bits: the bytes of ``mx.quantize(w, mode="nvfp4")`` on
+    MLX's GPUs (fp32: block scale E4M3(amax / 6 * enc), values E2M1(w * (enc / scale)), both
+    round-to-nearest-even, scales saturating at 448; enc = 2688 / global_scale, 1 without).
 
     ``global_scale=True`` also returns ``global_scale``, the float32 scalar ``amax(|w|)`` in
     MLX's convention, and quantizes against it: ``w ~= dequantize(packed, scales,

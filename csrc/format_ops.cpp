@@ -124,10 +124,11 @@ void check_quantize_not_empty(const mx::array& w_in) {
 void check_given_global_scale(const mx::array& gs) {
   if (gs.is_tracer() || !gs.is_available()) return;
   const float v = gs.data<float>()[0];  // one fp32 value (checked_global_scale)
-  // The multiplier too: global_scale / 2688 underflows to 0 below ~4e-42.
-  if (!(std::isfinite(v) && v / fp4::kGlobalScaleDenominator > 0.0f)) {
-    throw_invalid("[quantize] global_scale must be finite and > 0, with global_scale / 2688 > 0 in fp32 (the amax "
-                  "of |w|, MLX's convention), but got ", v,
+  // The encode scale 2688 / global_scale (what mx.quantize multiplies by) overflows below ~8e-36;
+  // the decode multiplier global_scale / 2688 is then > 0 too.
+  if (!(std::isfinite(v) && v > 0.0f && std::isfinite(fp4::kGlobalScaleDenominator / v))) {
+    throw_invalid("[quantize] global_scale must be finite and > 0, with 2688 / global_scale finite in fp32 (the "
+                  "amax of |w|, MLX's convention), but got ", v,
                   "; an all-zero w has no global scale: quantize it with global_scale=True or without one.");
   }
 }
@@ -223,21 +224,27 @@ static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::opti
     auto scale_values = mx::take(e8m0_table(), mx::astype(scale_codes, mx::uint32, s), s);
     v = mx::divide(mx::astype(wb, mx::float32, s), scale_values, s);
   } else {
-    auto target = mx::divide(amax, f32(fp4::kE2M1Max), s);
-    auto gs_safe = f32(1.0f);
+    // mx.quantize's GPU arithmetic (Metal and CUDA fp_quantize), so that the bytes are its bytes:
+    // encode scale enc = 2688 / global_scale (1 without), block scale E4M3(amax / 6 * enc),
+    // values w * (enc / scale). A tie of w / scale can land an ulp off in that product: there the
+    // product decides, as on MLX's GPUs (its CPU fallback divides and ties low: test_quantize.py).
+    auto enc = f32(1.0f);
     if (global_scale) {
-      auto gs = global_scale_multiplier(*global_scale, "quantize", s);
-      // A zero (all-zero tensor) or non-finite multiplier would turn every scale into NaN.
-      auto usable = mx::logical_and(mx::greater(gs, f32(0.0f), s), mx::isfinite(gs, s), s);
-      gs_safe = mx::where(usable, gs, f32(1.0f), s);
-      target = mx::divide(target, gs_safe, s);
-      if (given) target = mx::where(usable, target, f32(std::numeric_limits<float>::quiet_NaN()), s);
+      auto gs = mx::reshape(checked_global_scale(*global_scale, "quantize"), {}, s);
+      auto e = mx::divide(f32(fp4::kGlobalScaleDenominator), gs, s);
+      // Usable: 0 < enc < inf. A zero amax (all-zero tensor) would turn every scale into NaN; an
+      // infinite, negative or NaN global scale gives enc <= 0 or NaN.
+      auto usable = mx::logical_and(mx::greater(e, f32(0.0f), s), mx::isfinite(e, s), s);
+      enc = mx::where(usable, e, f32(1.0f), s);
+      if (given) enc = mx::where(usable, enc, f32(std::numeric_limits<float>::quiet_NaN()), s);
     }
+    auto target = mx::multiply(mx::divide(amax, f32(fp4::kE2M1Max), s), enc, s);
     scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
     auto scale_values = mx::take(e4m3_table(), mx::astype(scale_codes, mx::uint32, s), s);
-    auto denom = mx::multiply(scale_values, gs_safe, s);
-    // An all-zero block has scale 0: its values are 0, not 0/0.
-    v = mx::where(mx::equal(denom, f32(0.0f), s), f32(0.0f), mx::divide(wb, denom, s), s);
+    // An all-zero block has scale 0: its values are 0, not w * inf.
+    auto zero = mx::equal(scale_values, f32(0.0f), s);
+    auto block_enc = mx::where(zero, f32(0.0f), mx::divide(enc, mx::where(zero, f32(1.0f), scale_values, s), s), s);
+    v = mx::multiply(wb, block_enc, s);
   }
   auto codes = mx::reshape(e2m1_encode(v, mode, s), {n, kpad}, s);
   // Padding columns past K hold code 0 already (w was zero-padded).

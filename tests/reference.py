@@ -279,26 +279,29 @@ def _blocks(w, block):
 
 
 def quantize(w, global_scale=None):
-    """Reference NVFP4 quantizer of w [N, K] (values given exactly, e.g. fp32).
+    """Reference NVFP4 quantizer of w [N, K] (values given exactly, e.g. fp32): mx.quantize's
+    arithmetic on MLX's GPUs (the fp_quantize kernels of Metal and CUDA, MLX 0.32.4), in numpy fp32.
 
-    scale = e4m3(amax_16 / 6 [/ gs]); q = e2m1(w [/ gs] / scale), both RNE; exact float64 math
-    (amax/6 and w/s cannot hit a tie in fp32 unless they hit it exactly, so fp32 implementations
-    agree). Blocks whose scale decodes to 0 get code 0 (+0) for every value. Returns (packed
-    uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/16)]).
+    enc = fp32(2688 / global_scale) (1 without; global_scale is the tensor amax, MLX's
+    convention); scale = e4m3(fp32(amax_16 / 6) * enc), RNE, saturating at 448; values
+    e2m1(fp32(w) * fp32(enc / scale)), RNE with the sign kept (-0), and w * 0 where the scale
+    decodes to 0. The fp32 product, not the exact quotient, decides ties: w / scale at an E2M1
+    midpoint can land an ulp either side. Returns (packed uint8 [N, ceil(K/2)], scales uint8
+    [N, ceil(K/16)]).
     """
-    w = to_numpy(w)
+    w = to_numpy(w).astype(np.float32)
     n, k = w.shape
-    wb = _blocks(w, BLOCK)
+    wb = _blocks(w, BLOCK).astype(np.float32)
     blocks = wb.shape[1]
+    enc = np.float32(1.0)
     if global_scale is not None:
-        wb = wb / float(global_scale)
+        enc = np.float32(GLOBAL_SCALE_DENOMINATOR) / np.float32(global_scale)
     amax = np.max(np.abs(wb), axis=-1)
-    s_bytes = e4m3_round(amax / E2M1_MAX)
-    s = decode_e4m3(s_bytes)[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s > 0, wb / np.where(s > 0, s, 1.0), 0.0)
+    s_bytes = e4m3_round((amax / np.float32(E2M1_MAX)).astype(np.float32) * enc)
+    s = decode_e4m3(s_bytes).astype(np.float32)[..., None]
+    block_enc = np.where(s > 0, enc / np.where(s > 0, s, np.float32(1.0)), np.float32(0.0)).astype(np.float32)
+    q = (wb * block_enc).astype(np.float32)
     codes = e2m1_round(q).reshape(n, blocks * BLOCK)[:, :k]
-    codes = np.where(np.broadcast_to(s > 0, wb.shape).reshape(n, -1)[:, :k], codes, 0)
     return pack_nibbles(codes), s_bytes.astype(np.uint8)
 
 

@@ -24,6 +24,9 @@ N, K = 8, 32
 E4M3_NAN = 0x7F
 BAD_SCALES = [0.0, -1.0, math.nan, math.inf, -math.inf, 1e-45]  # 1e-45 / 2688 is 0 in fp32
 BAD_IDS = ["zero", "negative", "nan", "inf", "-inf", "underflow"]
+# ... and for quantizing: 2688 / 1e-36 (mx.quantize's encode scale) overflows fp32.
+QUANTIZE_BAD = BAD_SCALES + [1e-36]
+QUANTIZE_IDS = BAD_IDS + ["encode-overflow"]
 
 
 def _w():
@@ -46,14 +49,14 @@ def test_empty_w_is_a_clear_error(shape, what, gs):
 
 
 @pytest.mark.parametrize("as_array", [False, True], ids=["float", "array"])
-@pytest.mark.parametrize("bad", BAD_SCALES, ids=BAD_IDS)
+@pytest.mark.parametrize("bad", QUANTIZE_BAD, ids=QUANTIZE_IDS)
 def test_known_bad_global_scale_raises(bad, as_array):
     gs = mx.array(bad, mx.float32) if as_array else bad
     with pytest.raises(ValueError, match=r"^\[quantize\] global_scale must be finite and > 0.* but got"):
         mx_fp4.quantize(_w(), global_scale=gs)
 
 
-@pytest.mark.parametrize("bad", BAD_SCALES, ids=BAD_IDS)
+@pytest.mark.parametrize("bad", QUANTIZE_BAD, ids=QUANTIZE_IDS)
 def test_from_linear_bad_global_scale_raises(bad):
     lin = nn.Linear(K, N)
     with pytest.raises(ValueError, match=r"global_scale must be finite and > 0"):
@@ -65,7 +68,7 @@ def _lazy(v):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["lazy", "compiled"])
-@pytest.mark.parametrize("bad", BAD_SCALES, ids=BAD_IDS)
+@pytest.mark.parametrize("bad", QUANTIZE_BAD, ids=QUANTIZE_IDS)
 def test_lazy_bad_global_scale_gives_nan_scales(device, bad, compiled):
     w = _w()
 

@@ -145,6 +145,10 @@ def all_instantiations():
             for fast in (True, False):
                 kind = "gather_qmv_fast" if fast else "gather_qmv"
                 lines.append(instantiation(name(kind, dt, mode=mode), f"fp_{kind}", [t, group, BITS, "false"]))
+            # mx.quantize (QuantizedMatmul's quantize_impl): <T, group_size, bits, has_global_scale>
+            for gs in scales:
+                lines.append(instantiation(name("quantize", dt, int(gs), mode=mode), "fp_quantize",
+                                           [t, group, BITS, str(gs).lower()]))
     return lines
 
 
@@ -326,3 +330,23 @@ def launch_gather(runner, d, x, w_bytes, scales, lhs, rhs, *, dtype, env=None, m
     grid, threads = (m, -(-n // 8), pairs), (32, 2, 1)
     run_exec(runner, _spec(d, name(kind, dtype, mode=mode), grid, threads, bufs, outs, "end"), env=env)
     return kind, np.fromfile(out_path, x.dtype).reshape(pairs, m, n).astype(np.float64)
+
+
+def launch_quantize(runner, d, w, *, dtype, global_scale=None, env=None, mode="nvfp4"):
+    """Runs mx.quantize's Metal kernel (fp_quantize) on w [N, K] (numpy, dtype) as MLX's host code
+    launches it (quantize_impl, get_quantize_kernel_dims: one thread per weight, simdgroups of
+    32 consecutive weights, so each holds two NVFP4 blocks or one MXFP4 block). Threadgroups of
+    one simdgroup here: MLX's are larger, but the kernel shares nothing beyond its simdgroup.
+    Returns (packed uint8 [N, K/2], scales uint8 [N, K/group])."""
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    n, k = w.shape
+    if (n * k) % SIMD or k % GROUPS[mode]:
+        raise ValueError(f"N*K a multiple of {SIMD} and K of {GROUPS[mode]} (got {n}x{k})")
+    gs = int(global_scale is not None)
+    bufs = {0: _write(d / "w.bin", w), 3: _write(d / "gs.bin", np.asarray([global_scale or 1.0], np.float32))}
+    outs = {1: (n * k // 2, d / "q.bin"), 2: (n * k // GROUPS[mode], d / "s.bin")}
+    grid, threads = (n * k // SIMD, 1, 1), (SIMD, 1, 1)
+    run_exec(runner, _spec(d, name("quantize", dtype, gs, mode=mode), grid, threads, bufs, outs, "end"), env=env)
+    return (np.fromfile(d / "q.bin", np.uint8).reshape(n, k // 2),
+            np.fromfile(d / "s.bin", np.uint8).reshape(n, k // GROUPS[mode]))
