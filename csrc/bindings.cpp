@@ -377,8 +377,8 @@ Returns:
     ``mx.quantize(w, mode="nvfp4", global_scale=...)``.
 
 With ``mode="mxfp4"`` (group_size 32, no global scale): the bytes of ``mx.quantize(w,
-mode="mxfp4")`` (as uint8): E8M0 scales 2^ceil(log2(amax / 6)) (the quotient in ``w``'s dtype),
-values rounded to the nearest E2M1 with ties to the smaller magnitude, never -0.)");
+mode="mxfp4")`` on MLX's Metal GPUs (as uint8): E8M0 scales 2^ceil(log2(amax / 6)) (the quotient
+in fp32; byte 0 for an all-zero block), values w / scale rounded to nearest even E2M1, -0 kept.)");
 
   m.def(
       "dequantize",

@@ -52,41 +52,35 @@ mx::array e4m3_encode(const mx::array& x, mx::StreamOrDevice s) {
   return mx::astype(code, mx::uint8, s);
 }
 
-// E2M1 encode (saturating at 6) of fp32 values, as a uint32 code per value, with the rounding of
-// the mode (fp4::e2m1_edge_tie_rounds_up, fp4::e2m1_keeps_negative_zero).
-mx::array e2m1_encode(const mx::array& v, int mode, mx::StreamOrDevice s) {
+// E2M1 encode (saturating at 6) of fp32 values, as a uint32 code per value: round-to-nearest-even
+// with the sign kept (-0), as MLX's GPU quantizers (Metal fp4_e2m1, CUDA cvt.rn) encode both modes.
+mx::array e2m1_encode(const mx::array& v, mx::StreamOrDevice s) {
   auto a = mx::abs(v, s);
   auto code = mx::zeros(v.shape(), mx::uint32, s);
   for (int i = 0; i < fp4::kE2M1NumEdges; ++i) {
     auto edge = f32(fp4::e2m1_edge(i));
-    auto past = fp4::e2m1_edge_tie_rounds_up(i, mode) ? mx::greater_equal(a, edge, s)
-                                                      : mx::greater(a, edge, s);
+    auto past = fp4::e2m1_edge_tie_rounds_up(i) ? mx::greater_equal(a, edge, s) : mx::greater(a, edge, s);
     code = mx::add(code, mx::astype(past, mx::uint32, s), s);
   }
   auto sign = mx::right_shift(mx::view(v, mx::uint32, s), u32(31), s);
-  if (!fp4::e2m1_keeps_negative_zero(mode)) {
-    sign = mx::where(mx::equal(code, u32(0), s), u32(0), sign, s);
-  }
   return mx::bitwise_or(code, mx::left_shift(sign, u32(3), s), s);
 }
 
-// E8M0 exponent of MLX's mxfp4 scale: the smallest e with 2^e >= amax / 6, the quotient rounded to
-// the weights' dtype first (as mx.quantize computes it); a block whose quotient is 0 gets e = 0.
-// Exponents below -127 clamp to -127 (byte 0; mx.quantize wraps them around), non-finite -> NaN.
+// E8M0 exponent of MXFP4 block scales as mx.quantize computes them on MLX's Metal GPUs
+// (fp_quantize, mx_scale_round_up): the smallest e with 2^e >= amax / 6, the quotient in fp32,
+// clamped to -127 (byte 0, also for an all-zero block); non-finite -> NaN.
 mx::array e8m0_encode(const mx::array& amax, mx::StreamOrDevice s) {
-  auto q = mx::divide(amax, mx::array(fp4::kE2M1Max, amax.dtype()), s);
-  auto qf = mx::astype(q, mx::float32, s);
+  auto qf = mx::divide(mx::astype(amax, mx::float32, s), f32(fp4::kE2M1Max), s);
   auto bits = mx::view(qf, mx::uint32, s);
   auto mantissa = mx::bitwise_and(bits, u32((1u << kF32MantissaBits) - 1), s);
   // ceil(log2(q)) for normal q: the exponent, plus one unless q is a power of two.
   auto e = mx::add(f32_exponent(qf, s), mx::astype(mx::not_equal(mantissa, u32(0), s), mx::int32, s), s);
-  // fp32 subnormals (exponent field 0): 2^-127 covers q <= 2^-127, 2^-126 the rest.
+  // fp32 subnormals and 0 (exponent field 0): 2^-127 covers q <= 2^-127, 2^-126 the rest.
   const auto min_normal = f32(fp4_math::bits_to_float(1u << kF32MantissaBits));
   const auto half_min_normal = f32(fp4_math::bits_to_float(fp4::kF32TwoPowMinus127));
   auto sub = mx::where(mx::greater(qf, half_min_normal, s), mx::array(1 - fp4::kE8M0Bias, mx::int32),
                        mx::array(-fp4::kE8M0Bias, mx::int32), s);
   e = mx::where(mx::less(qf, min_normal, s), sub, e, s);
-  e = mx::where(mx::equal(q, mx::array(0.0f, q.dtype()), s), mx::array(0, mx::int32), e, s);
   auto code = mx::add(e, mx::array(fp4::kE8M0Bias, mx::int32), s);
   code = mx::where(mx::isfinite(qf, s), code, mx::array(int32_t(fp4::kE8M0NaN), mx::int32), s);
   return mx::astype(code, mx::uint8, s);
@@ -207,9 +201,7 @@ static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::opti
   const int block = fp4::block_size(mode);
   const int blocks = static_cast<int>(fp4::scale_blocks_for_k(k, mode));
   const int kpad = blocks * block;
-  // MXFP4 derives its scales in the weights' dtype, as mx.quantize does (the values below are
-  // exact in fp32 either way); NVFP4 works in fp32.
-  auto w = mode == fp4::kModeMxfp4 ? w_in : mx::astype(w_in, mx::float32, s);
+  auto w = mx::astype(w_in, mx::float32, s);  // both modes work in fp32, as MLX's GPU quantizers
   if (kpad != k) {
     w = mx::pad(w, {{0, 0}, {0, kpad - k}}, mx::array(0.0f, w.dtype()), "constant", s);
   }
@@ -246,7 +238,7 @@ static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::opti
     auto block_enc = mx::where(zero, f32(0.0f), mx::divide(enc, mx::where(zero, f32(1.0f), scale_values, s), s), s);
     v = mx::multiply(wb, block_enc, s);
   }
-  auto codes = mx::reshape(e2m1_encode(v, mode, s), {n, kpad}, s);
+  auto codes = mx::reshape(e2m1_encode(v, s), {n, kpad}, s);
   // Padding columns past K hold code 0 already (w was zero-padded).
   auto pairs = mx::reshape(codes, {n, kpad / 2, 2}, s);
   auto lo = mx::take(pairs, 0, 2, s);

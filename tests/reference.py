@@ -305,15 +305,31 @@ def quantize(w, global_scale=None):
     return pack_nibbles(codes), s_bytes.astype(np.uint8)
 
 
-def quantize_mxfp4(w, dtype):
-    """Reference of mx.quantize(w, mode="mxfp4") (MLX 0.32.4) for w [N, K] given exactly.
+def quantize_mxfp4(w):
+    """Reference of mx.quantize(w, mode="mxfp4") on MLX's Metal GPUs (MLX 0.32.4 fp_quantize with
+    mx_scale_round_up) for w [N, K] given exactly.
 
-    Per block of 32: q = amax / 6 rounded to the weights' dtype (`dtype`: "float32", "float16"
-    or "bfloat16"; MLX divides in that dtype); scale 2^e with e the smallest integer such that
-    2^e >= q (e = 0 when q == 0; clamped at -127); values w / 2^e to the nearest E2M1 magnitude,
-    ties to the smaller one (MLX takes the first minimum of |v - table|), sign kept unless the
-    magnitude is 0. Returns (packed uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/32)]).
+    Per block of 32: q = fp32(amax) / 6 in fp32; scale 2^e with e the smallest integer such that
+    2^e >= q, clamped at -127 (also for q == 0); values w / 2^e rounded to nearest even E2M1 with the
+    sign kept (-0). Returns (packed uint8 [N, ceil(K/2)], scales uint8 [N, ceil(K/32)]).
     """
+    w = to_numpy(w)
+    n, k = w.shape
+    wb = _blocks(w, MX_BLOCK)
+    q = (np.max(np.abs(wb), axis=-1).astype(np.float32) / np.float32(E2M1_MAX)).astype(np.float64)
+    mant, ex = np.frexp(q)  # q = mant * 2^ex, mant in [0.5, 1)
+    e = np.where(mant == 0.5, ex - 1, ex)
+    e = np.where(q == 0, -127, np.maximum(e, -127))
+    v = wb / np.exp2(e)[..., None]
+    codes = e2m1_round(v).reshape(n, -1)[:, :k]
+    return pack_nibbles(codes), (e + 127).astype(np.uint8)
+
+
+def quantize_mxfp4_mlx_cpu(w, dtype):
+    """mx.quantize(w, mode="mxfp4") on MLX 0.32.4's CPU: as quantize_mxfp4 but the quotient
+    amax / 6 rounded to the weights' dtype (`dtype`: "float32", "float16" or "bfloat16"), e = 0 for
+    an all-zero block, and values to the nearest E2M1 magnitude with ties to the smaller one (the
+    first minimum of |v - table|), +0 for values that round to 0."""
     w = to_numpy(w)
     n, k = w.shape
     wb = _blocks(w, MX_BLOCK)
@@ -323,7 +339,7 @@ def quantize_mxfp4(w, dtype):
     else:
         q32 = amax.astype(np.float32) / np.float32(E2M1_MAX)
         q = (q32.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else q32).astype(np.float64)
-    mant, ex = np.frexp(q)  # q = mant * 2^ex, mant in [0.5, 1)
+    mant, ex = np.frexp(q)
     e = np.where(mant == 0.5, ex - 1, ex)
     e = np.where(q == 0, 0, np.maximum(e, -127))
     v = wb / np.exp2(e)[..., None]

@@ -1,7 +1,8 @@
 """MXFP4 (mode="mxfp4", gpt-oss): E2M1 values with one E8M0 scale per 32 weights, no global scale.
 
-Format ops byte for byte against mx.quantize / mx.dequantize(mode="mxfp4") and against the float64
-reference (ml_dtypes float8_e8m0fnu decode, reference.quantize_mxfp4); w4a16_matmul and
+Format ops byte for byte against the float64 reference of mx.quantize's Metal arithmetic
+(reference.quantize_mxfp4; ml_dtypes float8_e8m0fnu decode), against mx.dequantize(mode="mxfp4"), and
+MLX's CPU quantize pinned by its own reference (reference.quantize_mxfp4_mlx_cpu); w4a16_matmul and
 gather_w4a16_matmul against the float64 reference and against mx.quantized_matmul / mx.gather_qmm
 (mode="mxfp4") on the same bytes; every CPU hot-loop build; argument checks and transforms.
 """
@@ -90,31 +91,52 @@ def test_e8m0_every_code_decodes_as_ml_dtypes():
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("shape", [(1, 32), (7, 64), (64, 256), (3, 4096), (4, 8, 96)])
-def test_quantize_is_byte_equal_to_mx_quantize(dtype, shape):
+def test_quantize_is_byte_equal_to_reference(dtype, shape):
+    """Ours: the reference of mx.quantize's Metal arithmetic (against MLX's Metal kernel itself:
+    tests/metal_sim/test_mlx_quantize.py). MLX's CPU fallback, pinned by its own reference, differs
+    only in rounding: ties low, +0, the quotient in w's dtype, exponent 0 for an all-zero block."""
     g = rng("mxq", shape, DTYPE_NAME[dtype])
     w = float_weights(shape, g, dtype)
-    theirs_w, theirs_s = mx.quantize(w, mode=MODE, stream=mx.cpu)
     packed, scales = mx_fp4.quantize(w, mode=MODE, group_size=32, bits=4, stream=mx.cpu)
-    np.testing.assert_array_equal(np.array(scales), np.array(theirs_s))
-    np.testing.assert_array_equal(np.array(packed), mx_bytes(theirs_w).reshape(packed.shape))
-    # ... and to the independent float64 reference of MLX's rule.
     flat_w = np.array(w.astype(mx.float32)).reshape(-1, shape[-1])
-    ref_p, ref_s = ref.quantize_mxfp4(flat_w, DTYPE_NAME[dtype])
+    ref_p, ref_s = ref.quantize_mxfp4(flat_w)
     np.testing.assert_array_equal(np.array(packed).reshape(ref_p.shape), ref_p)
     np.testing.assert_array_equal(np.array(scales).reshape(ref_s.shape), ref_s)
+    theirs_w, theirs_s = mx.quantize(w, mode=MODE, stream=mx.cpu)
+    cpu_p, cpu_s = ref.quantize_mxfp4_mlx_cpu(flat_w, DTYPE_NAME[dtype])
+    np.testing.assert_array_equal(np.array(theirs_s).reshape(cpu_s.shape), cpu_s)
+    np.testing.assert_array_equal(mx_bytes(theirs_w).reshape(cpu_p.shape), cpu_p)
+
+
+def test_quantize_differs_from_mlx_cpu_only_at_ties_and_zeros():
+    """Where MLX's CPU fallback writes other bytes than ours (= its Metal kernel's): the all-zero
+    block's scale (byte 127 against 0), values that round to zero (+0 against -0) and exact ties
+    (low against even). Nothing else, and no decoded value differs except at the ties."""
+    w = float_weights((8, 64), rng("mx-cpu-diff"), mx.float32)
+    packed, scales = mx_fp4.quantize(w, mode=MODE)
+    theirs_w, theirs_s = mx.quantize(w, mode=MODE, stream=mx.cpu)
+    diff_s = np.array(scales) != np.array(theirs_s)
+    assert [list(i) for i in diff_s.nonzero()] == [[0], [0]]  # float_weights' all-zero block
+    a = ref.unpack_nibbles(np.array(packed))
+    b = ref.unpack_nibbles(mx_bytes(theirs_w).reshape(np.array(packed).shape))
+    v = np.abs(np.array(w)) / np.repeat(ref.decode_e8m0(np.array(scales)), 32, axis=1)
+    tie = np.isin(v, [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    minus_zero = (a == 8) & (b == 0)
+    assert ((a == b) | minus_zero | tie).all()
+    assert minus_zero.any() and (tie & (a != b)).any()  # the data holds both kinds
 
 
 @pytest.mark.parametrize("k", [1, 17, 31, 33, 100])
 def test_quantize_any_k_pads_with_zeros(k):
-    """K that mx.quantize rejects: the bytes of mx.quantize on the zero-padded matrix, cut to K."""
+    """K that mx.quantize rejects: the bytes of the zero-padded matrix, cut to K."""
     g = rng("mx-anyk", k)
-    w = mx.array(g.standard_normal((5, k)).astype(np.float32))
-    packed, scales = mx_fp4.quantize(w, mode=MODE)
+    w = g.standard_normal((5, k)).astype(np.float32)
+    packed, scales = mx_fp4.quantize(mx.array(w), mode=MODE)
     kp = -(-k // 32) * 32
-    theirs_w, theirs_s = mx.quantize(mx.pad(w, [(0, 0), (0, kp - k)]), mode=MODE, stream=mx.cpu)
+    ref_p, ref_s = ref.quantize_mxfp4(np.pad(w, [(0, 0), (0, kp - k)]))
     assert packed.shape == (5, (k + 1) // 2) and scales.shape == (5, kp // 32)
-    np.testing.assert_array_equal(np.array(scales), np.array(theirs_s))
-    np.testing.assert_array_equal(np.array(packed), mx_bytes(theirs_w)[:, : (k + 1) // 2])
+    np.testing.assert_array_equal(np.array(scales), ref_s)
+    np.testing.assert_array_equal(np.array(packed), ref_p[:, : (k + 1) // 2])
     back = mx_fp4.dequantize(packed, scales, k=k, mode=MODE, dtype=mx.float32)
     np.testing.assert_array_equal(np.array(back), ref.decode_weights(np.array(packed), np.array(scales), k, mode=MODE))
 
@@ -148,8 +170,10 @@ def test_stacked_quantize_and_dequantize():
     packed, scales = mx_fp4.quantize(w, mode=MODE)
     assert packed.shape == (3, 2, 8, 32) and scales.shape == (3, 2, 8, 2)
     back = mx_fp4.dequantize(packed, scales, mode=MODE, dtype=mx.float32)
-    theirs = mx.dequantize(*mx.quantize(w, mode=MODE, stream=mx.cpu), mode=MODE, dtype=mx.float32)
-    np.testing.assert_array_equal(np.array(back), np.array(theirs))
+    flat = np.array(w.astype(mx.float32)).reshape(-1, 64)
+    ref_p, ref_s = ref.quantize_mxfp4(flat)
+    np.testing.assert_array_equal(np.array(packed).reshape(ref_p.shape), ref_p)
+    np.testing.assert_array_equal(np.array(back).reshape(flat.shape), ref.decode_weights(ref_p, ref_s, 64, mode=MODE))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -139,11 +139,6 @@ FP4_FN float e2m1_edge(int i) {
 }
 // Ties at 0.75, 1.75 and 3.5 go up (to 1.0, 2.0, 4.0: even mantissa); the others go down.
 FP4_FN bool e2m1_edge_tie_rounds_up(int i) { return i == 1 || i == 3 || i == 5; }
-// Per mode: NVFP4 rounds to nearest even; MXFP4 follows mx.quantize (the nearest table entry,
-// the first one on a tie), so every tie goes to the smaller magnitude.
-FP4_FN bool e2m1_edge_tie_rounds_up(int i, int mode) { return mode != kModeMxfp4 && e2m1_edge_tie_rounds_up(i); }
-// NVFP4 keeps the sign of values that round to 0 (-0); MXFP4 encodes them as +0 (mx.quantize).
-FP4_FN bool e2m1_keeps_negative_zero(int mode) { return mode != kModeMxfp4; }
 
 // E2M1 encode of one float, round-to-nearest-even, saturating at 6; NaN encodes as 0.
 FP4_FN uint32_t float_to_e2m1(float x) {

@@ -79,8 +79,9 @@ def quantize(w: mlx.core.array, *, global_scale: bool | float | mlx.core.array |
 
     Returns:
         ``(packed, scales)``: uint8 ``[N, ceil(K/2)]`` (low nibble = even k, padding nibbles 0)
-        and uint8 ``[N, ceil(K/16)]`` E4M3 bits (block amax / 6, round-to-nearest-even,
-        saturating at 448); values rounded to E2M1 nearest-even.
+        and uint8 ``[N, ceil(K/16)]`` E4M3 bits: the bytes of ``mx.quantize(w, mode="nvfp4")`` on
+        MLX's GPUs (fp32: block scale E4M3(amax / 6 * enc), values E2M1(w * (enc / scale)), both
+        round-to-nearest-even, scales saturating at 448; enc = 2688 / global_scale, 1 without).
 
         ``global_scale=True`` also returns ``global_scale``, the float32 scalar ``amax(|w|)`` in
         MLX's convention, and quantizes against it: ``w ~= dequantize(packed, scales,
@@ -90,8 +91,8 @@ def quantize(w: mlx.core.array, *, global_scale: bool | float | mlx.core.array |
         ``mx.quantize(w, mode="nvfp4", global_scale=...)``.
 
     With ``mode="mxfp4"`` (group_size 32, no global scale): the bytes of ``mx.quantize(w,
-    mode="mxfp4")`` (as uint8): E8M0 scales 2^ceil(log2(amax / 6)) (the quotient in ``w``'s dtype),
-    values rounded to the nearest E2M1 with ties to the smaller magnitude, never -0.
+    mode="mxfp4")`` on MLX's Metal GPUs (as uint8): E8M0 scales 2^ceil(log2(amax / 6)) (the quotient
+    in fp32; byte 0 for an all-zero block), values w / scale rounded to nearest even E2M1, -0 kept.
     """
 
 def dequantize(packed: mlx.core.array, scales: mlx.core.array, *, k: int | None = None, global_scale: float | mlx.core.array | None = None, dtype: mlx.core.Dtype = mlx.core.bfloat16, group_size: int | None = None, bits: int | None = None, mode: str = 'nvfp4', stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array:

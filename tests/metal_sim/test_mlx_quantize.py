@@ -1,9 +1,10 @@
 """mx_fp4.quantize against mx.quantize's own Metal kernel (fp_quantize of the mlx-metal 0.32.4 wheel,
-run by metal_sim as MLX's host code launches it): byte for byte in NVFP4, with and without a
-global scale, on data full of exact E2M1 ties at block scales whose reciprocal is inexact (where
-the kernel's product w * (enc / scale) and the exact quotient part), and on a real SmolLM2 layer.
-MLX's CPU fallback quantizes those ties differently (test_quantize.py); Apple's and NVIDIA's GPUs
-run this kernel's arithmetic (the CUDA kernel's is the same; test_quantize.py checks it on a GPU).
+run by metal_sim as MLX's host code launches it), byte for byte. NVFP4, with and without a global
+scale, on data full of exact E2M1 ties at block scales whose reciprocal is inexact (where the
+kernel's product w * (enc / scale) and the exact quotient part) and on a real SmolLM2 layer; MXFP4
+on ties (round to even, -0 kept) and random weights. MLX's CPU fallback quantizes those ties
+differently (test_quantize.py, test_mxfp4.py); Apple's GPUs run this kernel, and MLX's CUDA
+kernel has the same NVFP4 arithmetic (test_quantize.py checks it on a GPU).
 """
 
 import importlib.util
@@ -25,12 +26,15 @@ TIE_SCALE_CODES = np.arange(0x30, 0x60, dtype=np.uint8)
 EXACT_ENC_GLOBAL_SCALE = ref.GLOBAL_SCALE_DENOMINATOR / 8
 
 
-def tie_weights(n, k, key, dtype):
-    """[N, K] blocks of 16 with amax 6 * s (block scale s exactly) and the rest +-edge * s, a third
-    of them random: each value exact in every dtype here."""
-    g = common.rng("mlx_quantize", n, k, key, dtype)
-    s = ref.decode_e4m3(g.choice(TIE_SCALE_CODES, size=(n, k // ref.BLOCK)))
-    v = g.choice(E2M1_EDGES, size=(n, k // ref.BLOCK, ref.BLOCK))
+def tie_weights(n, k, key, dtype, mode="nvfp4"):
+    """[N, K] blocks (16 NVFP4, 32 MXFP4) with amax 6 * s (block scale s exactly) and the rest
+    +-edge * s, a third of them random: each tie exact in every dtype here."""
+    g = common.rng("mlx_quantize", n, k, key, dtype, mode)
+    block = mk.GROUPS[mode]
+    codes = TIE_SCALE_CODES if mode == "nvfp4" else common.DEFAULT_E8M0_CODES
+    decode = ref.decode_e4m3 if mode == "nvfp4" else ref.decode_e8m0
+    s = decode(g.choice(codes, size=(n, k // block)))
+    v = g.choice(E2M1_EDGES, size=(n, k // block, block))
     free = g.random(v.shape) < 1 / 3
     v = np.where(free, g.uniform(0, 6, v.shape), v)
     v[..., 0] = 6.0
@@ -41,11 +45,11 @@ def tie_weights(n, k, key, dtype):
     return got
 
 
-def ours(w, global_scale):
+def ours(w, global_scale, mode="nvfp4"):
     gs = {None: False, "amax": True}.get(global_scale, global_scale)
     if not isinstance(gs, bool):
         gs = mx.array(gs, mx.float32)
-    out = mx_fp4_quantize(mx.array(w), global_scale=gs)
+    out = mx_fp4_quantize(mx.array(w), global_scale=gs, mode=mode)
     return np.array(out[0]), np.array(out[1]), (float(out[2]) if len(out) > 2 else gs)
 
 
@@ -55,9 +59,9 @@ def mx_fp4_quantize(*a, **kw):
     return mlx_fp4.quantize(*a, **kw)
 
 
-def assert_same_bytes(runner, tmp_path, w, dtype, global_scale):
-    packed, scales, gs = ours(w, global_scale)
-    theirs = mk.launch_quantize(runner, tmp_path / "q", w, dtype=dtype,
+def assert_same_bytes(runner, tmp_path, w, dtype, global_scale, mode="nvfp4"):
+    packed, scales, gs = ours(w, global_scale, mode)
+    theirs = mk.launch_quantize(runner, tmp_path / "q", w, dtype=dtype, mode=mode,
                                 global_scale=None if gs is False else float(np.float32(gs)))
     for what, a, b in (("scales", scales, theirs[1]), ("packed", packed, theirs[0])):
         bad = np.argwhere(a != b)
@@ -99,3 +103,14 @@ def test_real_layer_byte_equal_to_mlx_metal_quantize(mlx_runner, tmp_path):
     w = np.array(model.model.layers[0].self_attn.q_proj.weight.astype(mx.float32)).astype(ml_dtypes.bfloat16)
     for gs in (None, "amax"):
         assert_same_bytes(mlx_runner, tmp_path, w, "bfloat16", gs)
+
+
+@pytest.mark.parametrize("dtype", list(NP))
+def test_mxfp4_ties_and_random_byte_equal_to_mlx_metal_quantize(mlx_runner, tmp_path, dtype):
+    w = tie_weights(16, 256, "mx-ties", dtype, mode="mxfp4")
+    packed, scales = assert_same_bytes(mlx_runner, tmp_path, w, dtype, None, mode="mxfp4")
+    # The data tells the rules apart: MLX's CPU rule (ties low, +0) gives other bytes here.
+    cpu_packed, _ = ref.quantize_mxfp4_mlx_cpu(w.astype(np.float64), dtype)
+    assert (cpu_packed != packed).any()
+    w = common.rand_float_weights(16, 320, common.rng("mlx_quantize_mx_random", dtype)).astype(NP[dtype])
+    assert_same_bytes(mlx_runner, tmp_path, w, dtype, None, mode="mxfp4")
