@@ -90,6 +90,13 @@ def test_overrides(driver):
     assert plan(driver, 4096, 4096, 4096, path="dequant")[0] == "dequant"
     assert plan(driver, 4096, 4096, 1, tc="2,1,3")[1] == "2/1/3"
     assert plan(driver, 4096, 4096, 1, tc="9,9,9")[1] == "1/1/8"  # malformed: ignored (automatic tile)
+    # Up to 16 warps per block only for the staged kernel with one x tile (its deep variant);
+    # other tiles and the register-prefetch kernel are capped at 8, past 16 the override is malformed.
+    assert plan(driver, 14336, 4096, 1, tc="1,1,16")[1] == "1/1/16"
+    assert plan(driver, 14336, 4096, 1, tc="1,2,16")[1] == "1/2/16"
+    assert plan(driver, 14336, 4096, 16, tc="2,1,16")[1] == "2/1/8"
+    assert plan(driver, 14336, 4096, 1, tc="1,1,16", staged=0)[1] == "1/1/8"
+    assert plan(driver, 14336, 4096, 1, tc="1,1,32")[1] == "1/1/2"  # malformed: the automatic tile
 
 
 def test_load_conditions(driver):
@@ -286,5 +293,6 @@ def test_batched_pair_tiles_split_over_the_whole_grid(driver):
     assert driver("batched 768 2048 1 128") == [("1", "1", "1")]
     assert driver("batched 768 2048 1 128 product") == [("1", "1", "4")]
     assert driver("batched 768 2048 1 128 1,2,8") == [("1", "2", "8")]
+    assert driver("batched 768 2048 1 128 1,1,16") == [("1", "1", "8")]  # no deep batched kernel
     assert driver("batched 768 2048 1 128 4,2,1") == [("1", "1", "1")]  # not one x tile: the rule
     assert driver("batched 2048 768 1 8") == [("1", "1", "1")]  # K = 768: 6 steps, one warp already

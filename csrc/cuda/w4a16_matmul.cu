@@ -131,8 +131,19 @@ CUfunction batched_staged_func_of(int x_dtype, int mode, int rt, int sub, bool r
                                    : batched_staged_func<__nv_bfloat16, fp4::kModeNvfp4>(rt, sub, runs);
 }
 
+// The deep variant (more than kMaxWarpsPerBlock warps; one x tile).
+template <typename T, int SUB, int Mode>
+CUfunction deep_staged_func_sub(int rt) {
+  constexpr int kDeep = kMaxStagedWarpsPerBlock;
+  return rt == 1 ? func_of(w4a16_tc_staged_kernel<T, 1, 1, SUB, Mode, kStagedOne, kDeep>)
+                 : func_of(w4a16_tc_staged_kernel<T, 1, 2, SUB, Mode, kStagedOne, kDeep>);
+}
+
 template <typename T, int Mode>
-CUfunction staged_func_t(int mt, int rt, int sub) {
+CUfunction staged_func_t(int mt, int rt, int sub, bool deep) {
+  if (deep) {
+    return sub == kStagedSubSteps ? deep_staged_func_sub<T, kStagedSubSteps, Mode>(rt) : deep_staged_func_sub<T, 1, Mode>(rt);
+  }
   return sub == kStagedSubSteps ? staged_func_sub<T, kStagedSubSteps, Mode>(mt, rt) : staged_func_sub<T, 1, Mode>(mt, rt);
 }
 
@@ -148,10 +159,10 @@ CUfunction tc_func_t(int mt, int rt, bool vec) {
 
 // Either tensor-core kernel for x dtype T and the problem's scale format.
 template <int Mode>
-CUfunction tc_func_mode(int x_dtype, int mt, int rt, bool vec, bool staged, int sub) {
+CUfunction tc_func_mode(int x_dtype, int mt, int rt, bool vec, bool staged, int sub, bool deep) {
   if (staged) {
-    return x_dtype == fp4::kDtypeF16 ? staged_func_t<__half, Mode>(mt, rt, sub)
-                                     : staged_func_t<__nv_bfloat16, Mode>(mt, rt, sub);
+    return x_dtype == fp4::kDtypeF16 ? staged_func_t<__half, Mode>(mt, rt, sub, deep)
+                                     : staged_func_t<__nv_bfloat16, Mode>(mt, rt, sub, deep);
   }
   return x_dtype == fp4::kDtypeF16 ? tc_func_t<__half, Mode>(mt, rt, vec) : tc_func_t<__nv_bfloat16, Mode>(mt, rt, vec);
 }
@@ -186,8 +197,9 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool
   Launch l = tc_launch_shape(p, cfg, vec, staged);
   const int rt = vec ? cfg.rt : 1;
   const int sub = staged_sub_steps(p.k);
-  l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub)
-                                     : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub);
+  const bool deep = staged && cfg.mt == 1 && cfg.kw > kMaxWarpsPerBlock;  // the plan caps kw by staged_max_warps
+  l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub, deep)
+                                     : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub, deep);
   return l;
 }
 
@@ -465,6 +477,13 @@ void preload_kernels() {
                 const CUresult r = cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(l.smem));
                 if (r != CUDA_SUCCESS) throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                if (mt == 1) {  // the deep variant, with its larger ring
+                  const Launch d = tc_launch(p, TcConfig{mt, rt, kMaxStagedWarpsPerBlock}, true, true);
+                  if (cuFuncSetAttribute(d.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         static_cast<int>(d.smem)) != CUDA_SUCCESS) {
+                    throw std::runtime_error("[W4A16Matmul] CUDA backend: cuFuncSetAttribute failed");
+                  }
+                }
                 // The batched and runs (mt = 1) and grouped (the widest tile) variants of the same tile.
                 const int sub = staged_sub_steps(k);
                 CUfunction variants[2] = {nullptr, nullptr};

@@ -91,7 +91,7 @@ inline bool parse_tc(const char* s, TcConfig& cfg) {
   if (!s || std::sscanf(s, "%d,%d,%d", &mt, &rt, &kw) != 3) return false;
   if (mt != 1 && mt != 2 && mt != 4 && mt != 8) return false;
   if (rt != 1 && rt != 2) return false;
-  if (mt * rt > 8 || kw < 1 || kw > kMaxWarpsPerBlock) return false;
+  if (mt * rt > 8 || kw < 1 || kw > kMaxStagedWarpsPerBlock) return false;  // plan_w4a16 bounds the others
   cfg = TcConfig{mt, rt, kw};
   return true;
 }
@@ -232,7 +232,10 @@ inline TcConfig batched_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& 
   using namespace fp4::cuda_tiling;
   TcConfig c = product_tc;
   if (tc_override && !std::strcmp(tc_override, "product")) return c;
-  if (plan_detail::parse_tc(tc_override, c) && c.mt == 1) return c;
+  if (plan_detail::parse_tc(tc_override, c) && c.mt == 1) {
+    if (c.kw > kMaxWarpsPerBlock) c.kw = kMaxWarpsPerBlock;  // no deep variant of the batched kernels
+    return c;
+  }
   c = product_tc;
   const int warps_per_sm = p.m == 1 ? kStagedOneRowWarpsPerSm : kStagedWarpsPerSm;
   const int64_t blocks = products * ceil_div(p.n, kMmaRows * c.rt);
@@ -279,6 +282,10 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   }
   TcConfig forced;
   if (parse_tc(tc_override, forced)) plan.tc = forced;
+  // Only the staged kernel with one x tile has a deep variant (more than kMaxWarpsPerBlock warps).
+  const bool staged_tile = plan.staged && plan.tc.mt <= kMaxStagedColTiles;
+  const int max_kw = staged_tile ? staged_max_warps(plan.tc.mt) : int(kMaxWarpsPerBlock);
+  if (plan.tc.kw > max_kw) plan.tc.kw = max_kw;
   WgmmaConfig forced_wg;
   if (parse_wgmma(wgmma_override, forced_wg)) plan.wg = forced_wg;
   return plan;

@@ -70,8 +70,10 @@ __device__ __forceinline__ int staged_swizzle(int row) {
 // grouped tiles over grid x (W4A16Args::group_*, the gathered op's prefill).
 enum StagedProducts : int { kStagedOne = 0, kStagedBatched = 1, kStagedGrouped = 2, kStagedRuns = 3 };
 
-template <typename T, int MT, int RT, int SUB, int Mode, int kProducts = kStagedOne>
-__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) w4a16_tc_staged_kernel(const W4A16Args args) {
+// kMaxWarps: the launch bounds. The deep variant (kMaxStagedWarpsPerBlock, one x tile, one product)
+// is its own instantiation so that the others keep the register budget of 256-thread blocks.
+template <typename T, int MT, int RT, int SUB, int Mode, int kProducts = kStagedOne, int kMaxWarps = kMaxWarpsPerBlock>
+__global__ void __launch_bounds__(kMaxWarps * 32) w4a16_tc_staged_kernel(const W4A16Args args) {
   using Lane = TcLane<Mode>;
   constexpr bool kGrouped = kProducts == kStagedGrouped;
   constexpr bool kRuns = kProducts == kStagedRuns;

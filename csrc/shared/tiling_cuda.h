@@ -14,6 +14,10 @@ enum : int {
   kLaneK = 32,              // K values one lane decodes per weight row and step
   kLaneBytes = 16,          // packed weight bytes per lane, row and step (one 16-byte load)
   kMaxWarpsPerBlock = 8,    // warps of a block split K, then reduce through shared memory
+  // ... of the deep variant of the one-x-tile staged kernel (a separate instantiation, forced
+  // through MLX_FP4_CUDA_TC for A/B timing; the plan does not pick it yet), which reduces in its
+  // ring: 16 warps of 3 stages of two row tiles take 216 KB of the 227 KB a block may hold (sm_90).
+  kMaxStagedWarpsPerBlock = 16,
   kMaxColTiles = 8,         // at most 8 x-row tiles of 8 (64 rows of x) per block
   kMaxRowTiles = 2,         // at most 2 weight-row tiles of 16 per warp (and MT * RT <= 8)
   // Staged variant (K % kStepK == 0, aligned rows): each warp streams its weight and scale bytes
@@ -121,6 +125,9 @@ inline constexpr bool is_wgmma_tile_m(int tm) {  // host code: the plan and its 
 // stages of 256); one part for the others was 3-11% slower at M = 32 and 64 (twice the barrier
 // round trips).
 FP4_FN constexpr int wgmma_stage_k(int tm) { return tm >= kWgmmaTileMLarge ? kWgmmaPartK : kWgmmaKUnit; }
+
+// Warps a block of the staged kernel may hold, by its x tiles: the deep variant exists for one.
+FP4_FN constexpr int staged_max_warps(int mt) { return mt == 1 ? kMaxStagedWarpsPerBlock : kMaxWarpsPerBlock; }
 
 // Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
 FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
