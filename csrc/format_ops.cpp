@@ -214,7 +214,7 @@ static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::opti
     scale_codes = e8m0_encode(amax, s);
     // Exact division by the power of two (codes past 0xFE are NaN scales: their values are NaN).
     auto scale_values = mx::take(e8m0_table(), mx::astype(scale_codes, mx::uint32, s), s);
-    v = mx::divide(mx::astype(wb, mx::float32, s), scale_values, s);
+    v = mx::divide(wb, scale_values, s);
   } else {
     // mx.quantize's GPU arithmetic (Metal and CUDA fp_quantize), so that the bytes are its bytes:
     // encode scale enc = 2688 / global_scale (1 without), block scale E4M3(amax / 6 * enc),
@@ -227,16 +227,14 @@ static std::vector<mx::array> quantize_2d(const mx::array& w_in, const std::opti
       // Usable: 0 < enc < inf. A zero amax (all-zero tensor) would turn every scale into NaN; an
       // infinite, negative or NaN global scale gives enc <= 0 or NaN.
       auto usable = mx::logical_and(mx::greater(e, f32(0.0f), s), mx::isfinite(e, s), s);
-      enc = mx::where(usable, e, f32(1.0f), s);
-      if (given) enc = mx::where(usable, enc, f32(std::numeric_limits<float>::quiet_NaN()), s);
+      enc = mx::where(usable, e, f32(given ? std::numeric_limits<float>::quiet_NaN() : 1.0f), s);
     }
     auto target = mx::multiply(mx::divide(amax, f32(fp4::kE2M1Max), s), enc, s);
     scale_codes = e4m3_encode(target, s);  // [N, blocks, 1]
     auto scale_values = mx::take(e4m3_table(), mx::astype(scale_codes, mx::uint32, s), s);
     // An all-zero block has scale 0: its values are 0, not w * inf.
     auto zero = mx::equal(scale_values, f32(0.0f), s);
-    auto block_enc = mx::where(zero, f32(0.0f), mx::divide(enc, mx::where(zero, f32(1.0f), scale_values, s), s), s);
-    v = mx::multiply(wb, block_enc, s);
+    v = mx::multiply(wb, mx::where(zero, f32(0.0f), mx::divide(enc, scale_values, s), s), s);
   }
   auto codes = mx::reshape(e2m1_encode(v, s), {n, kpad}, s);
   // Padding columns past K hold code 0 already (w was zero-padded).

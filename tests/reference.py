@@ -305,6 +305,13 @@ def quantize(w, global_scale=None):
     return pack_nibbles(codes), s_bytes.astype(np.uint8)
 
 
+def _e8m0_ceil_exponent(q, zero_block):
+    """The smallest e with 2^e >= q, clamped at -127; `zero_block` where q == 0."""
+    mant, ex = np.frexp(q)  # q = mant * 2^ex, mant in [0.5, 1)
+    e = np.where(mant == 0.5, ex - 1, ex)
+    return np.where(q == 0, zero_block, np.maximum(e, -127))
+
+
 def quantize_mxfp4(w):
     """Reference of mx.quantize(w, mode="mxfp4") on MLX's Metal GPUs (MLX 0.32.4 fp_quantize with
     mx_scale_round_up) for w [N, K] given exactly.
@@ -317,9 +324,7 @@ def quantize_mxfp4(w):
     n, k = w.shape
     wb = _blocks(w, MX_BLOCK)
     q = (np.max(np.abs(wb), axis=-1).astype(np.float32) / np.float32(E2M1_MAX)).astype(np.float64)
-    mant, ex = np.frexp(q)  # q = mant * 2^ex, mant in [0.5, 1)
-    e = np.where(mant == 0.5, ex - 1, ex)
-    e = np.where(q == 0, -127, np.maximum(e, -127))
+    e = _e8m0_ceil_exponent(q, zero_block=-127)
     v = wb / np.exp2(e)[..., None]
     codes = e2m1_round(v).reshape(n, -1)[:, :k]
     return pack_nibbles(codes), (e + 127).astype(np.uint8)
@@ -339,9 +344,7 @@ def quantize_mxfp4_mlx_cpu(w, dtype):
     else:
         q32 = amax.astype(np.float32) / np.float32(E2M1_MAX)
         q = (q32.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else q32).astype(np.float64)
-    mant, ex = np.frexp(q)
-    e = np.where(mant == 0.5, ex - 1, ex)
-    e = np.where(q == 0, 0, np.maximum(e, -127))
+    e = _e8m0_ceil_exponent(q, zero_block=0)
     v = wb / np.exp2(e)[..., None]
     idx = np.argmin(np.abs(np.abs(v)[..., None] - E2M1_GRID), axis=-1)  # first minimum on ties
     codes = np.where((v < 0) & (idx > 0), idx | 0x8, idx).astype(np.uint8).reshape(n, -1)[:, :k]

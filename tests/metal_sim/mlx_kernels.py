@@ -22,6 +22,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 import simbuild
@@ -38,6 +39,7 @@ GROUPS = {"nvfp4": 16, "mxfp4": 32}
 K_LANES = 16  # fp_qmv_wide: lanes reducing K per output row (MLX's host: 16 for the fp modes)
 BITS = 4
 TYPES = {"float32": "float", "float16": "float16_t", "bfloat16": "bfloat16_t"}
+NUMPY_TYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 SIMD = 32
 
 

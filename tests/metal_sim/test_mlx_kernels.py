@@ -10,7 +10,6 @@ rounds once to the dtype; the Metal result must lie within the table's bound of 
 bound: both sides round). The float64 reference check is the table itself.
 """
 
-import ml_dtypes
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import mlx_kernels as mk
 import reference as ref
 import simcase as sc
 
-NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+NP = mk.NUMPY_TYPES
 DTYPES = list(NP)
 
 

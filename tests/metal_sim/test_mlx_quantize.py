@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import common
+import mlx_fp4 as mx_fp4
 import mlx_kernels as mk
 import reference as ref
 
-NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+NP = mk.NUMPY_TYPES
 E2M1_EDGES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # midpoints of the E2M1 grid
 # Block scales 0.5 .. 30 (E4M3 codes 0x30..0x5F): most have a mantissa, so 1 / scale is inexact.
 TIE_SCALE_CODES = np.arange(0x30, 0x60, dtype=np.uint8)
@@ -49,14 +50,8 @@ def ours(w, global_scale, mode="nvfp4"):
     gs = {None: False, "amax": True}.get(global_scale, global_scale)
     if not isinstance(gs, bool):
         gs = mx.array(gs, mx.float32)
-    out = mx_fp4_quantize(mx.array(w), global_scale=gs, mode=mode)
+    out = mx_fp4.quantize(mx.array(w), global_scale=gs, mode=mode)
     return np.array(out[0]), np.array(out[1]), (float(out[2]) if len(out) > 2 else gs)
-
-
-def mx_fp4_quantize(*a, **kw):
-    import mlx_fp4
-
-    return mlx_fp4.quantize(*a, **kw)
 
 
 def assert_same_bytes(runner, tmp_path, w, dtype, global_scale, mode="nvfp4"):
