@@ -99,6 +99,20 @@ def test_overrides(driver):
     assert plan(driver, 14336, 4096, 1, tc="1,1,32")[1] == "1/1/2"  # malformed: the automatic tile
 
 
+def test_per_shape_tile_override(driver):
+    # "mt,rt,kw@NxK" entries, ';'-separated, force one weight shape's tile; the first that applies wins.
+    per_shape = "1,1,16@1024x4096;1,2,4@14336x4096"
+    assert plan(driver, 1024, 4096, 1, tc=per_shape)[1] == "1/1/16"
+    assert plan(driver, 14336, 4096, 1, tc=per_shape)[1] == "1/2/4"
+    assert plan(driver, 4096, 4096, 1, tc=per_shape)[1] == plan(driver, 4096, 4096, 1)[1]  # no entry: automatic
+    assert plan(driver, 4096, 1024, 1, tc=per_shape)[1] == plan(driver, 4096, 1024, 1)[1]  # N and K both match
+    assert plan(driver, 4096, 4096, 1, tc="1,2,4@1024x4096;2,1,3")[1] == "2/1/3"  # an entry for every shape
+    assert plan(driver, 1024, 4096, 1, tc="1,1,4;1,1,16@1024x4096")[1] == "1/1/4"  # the first that applies
+    # A malformed entry makes the whole override void (the automatic tile), not a partial one.
+    for bad in ("1,1,16@1024", "1,1,16@1024x4096;9,9,9", "1,1,99@1024x4096", "1,1,16@x4096;1,1,4"):
+        assert plan(driver, 1024, 4096, 1, tc=bad)[1] == plan(driver, 1024, 4096, 1)[1], bad
+
+
 def test_load_conditions(driver):
     aligned = "4096 4096 512 1024 2048 4096"  # K, row bytes, scale row bytes, x, w, scales addresses
     assert driver(f"loads {aligned}")[0][:2] == ("1", "1")

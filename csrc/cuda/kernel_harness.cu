@@ -4,7 +4,7 @@
 //                (byte, scale) pairs with identity x;
 //   timing:      kernel time by CUDA events on rotated weight copies (more bytes than the L2), for
 //                each path and tensor-core configuration, next to dense bf16 cuBLASLt.
-// Usage: kernel_harness [check] [bench] [profile] [graph-probe] [--quick] [--small] [--mid] [--wgmma]. Prints CSV-like lines;
+// Usage: kernel_harness [check] [bench] [profile] [graph-probe] [--quick] [--small] [--mid] [--wgmma] [--decode]. Prints CSV-like lines;
 // exit code 1 on a failure. The wgmma kernel's checks and bench: kernel_harness_wgmma.h.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -455,9 +455,11 @@ void check_all_paths(const Case& c, bool quick, std::mt19937& rng) {
     check_case(c, Path::kTensorCore, nullptr, rng);
     if (!quick) {
       for (int rt : {1, 2})
-        for (int kw : {1, 2, 3, 4, 8}) {
+        for (int kw : {1, 2, 3, 4, 8, 16}) {
           TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
           if (cfg.mt * cfg.rt > 8) continue;
+          // 16 warps: only the staged kernel's deep variant (one x tile) has them.
+          if (kw > fp4::cuda_tiling::kMaxWarpsPerBlock && !(staged && cfg.mt == 1)) continue;
           check_case(c, Path::kTensorCore, &cfg, rng);
         }
     }
@@ -511,6 +513,7 @@ void run_checks(bool quick) {
 
 int main(int argc, char** argv) {
   bool check = false, bench = false, quick = false, profile = false, small = false, mid = false, wgmma = false;
+  bool decode = false;
   bool graph_probe = false;  // kernel_harness_wgmma.h: run_wgmma_graph_probe (info, run last)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "graph-probe")) graph_probe = true;
@@ -521,6 +524,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--small")) small = true;  // bench: M <= 32 only, every tile choice
     if (!std::strcmp(argv[i], "--mid")) mid = true;      // bench: M = 32..256, staged kernel vs dequant
     if (!std::strcmp(argv[i], "--wgmma")) wgmma = true;  // wgmma only: its checks; bench M = 32..1024 vs the rest
+    if (!std::strcmp(argv[i], "--decode")) decode = true;  // bench: M = 1 on Llama-3-8B's products, every split
   }
   if (!check && !bench && !profile && !graph_probe) check = bench = true;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log even when a run is cut short
@@ -544,7 +548,8 @@ int main(int argc, char** argv) {
   if (check && !wgmma) run_checks(quick);
   if (check && g_dev.wgmma) run_wgmma_checks();
   if (bench && wgmma && g_dev.wgmma) run_wgmma_bench();
-  if (bench && !wgmma) run_bench(quick, small, mid);
+  if (bench && decode) run_decode_bench();
+  if (bench && !wgmma && !decode) run_bench(quick, small, mid);
   if (graph_probe && g_dev.wgmma) run_wgmma_graph_probe();
   std::printf("failures,%d\n", g_failures);
   return g_failures ? 1 : 0;

@@ -250,6 +250,48 @@ void run_bench(bool quick, bool small, bool mid) {
   }
 }
 
+// --decode: the staged kernel at M = 1 on Llama-3-8B's products (its decode step: gate / up, q / o,
+// k / v, down, lm_head), the plan's tile and every (rt, kw) up to the deep variant's 16 warps, so
+// the M = 1 split of K can be chosen per shape (benchmarks/notes/cuda.md, stop 45).
+void run_decode_bench() {
+  const std::vector<BenchShape> shapes = {{14336, 4096}, {4096, 4096}, {1024, 4096}, {4096, 14336}, {128256, 4096}};
+  constexpr int64_t kDecodeM = 1;
+  constexpr int kIters = 20;
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::printf("bench,launch_floor,us=%.2f\n", time_us([&](int) { empty_kernel<<<132, 128, 0, s>>>(); }, 1, 40, s));
+  std::mt19937 rng(7);
+  g_staged = true;
+  for (const auto& sh : shapes) {
+    BenchData data(sh.n, sh.k, kDecodeM, rng, s);
+    const fp4::W4A16Problem p = bf16_problem(kDecodeM, data.N, data.K, data.wrb, data.srb);
+    W4A16Args a{};
+    a.x = data.dx.p;
+    a.out = data.dout.p;
+    a.p = p;
+    const double wbytes = double(data.N) * double(data.wrb + data.srb);
+    const Plan plan = plan_w4a16(p, g_dev, true, true, nullptr, nullptr);
+    std::vector<TcConfig> cfgs = {plan.tc};
+    for (int rt : {1, 2})
+      for (int kw : {1, 2, 4, 8, 16}) cfgs.push_back(TcConfig{1, rt, kw});
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      const TcConfig& cfg = cfgs[i];
+      const double us = time_us(
+          [&](int c) {
+            W4A16Args b = a;
+            b.w = static_cast<const uint8_t*>(data.dw[c]->p);
+            b.scales = static_cast<const uint8_t*>(data.ds[c]->p);
+            run_path(Path::kTensorCore, cfg, b, nullptr, nullptr, s);
+          },
+          data.copies, kIters, s);
+      std::printf("decode,%lldx%lld,%s,%d/%d/%d,us=%.2f,wGBps=%.0f\n", (long long)data.N, (long long)data.K,
+                  i == 0 ? "plan" : "tile", cfg.mt, cfg.rt, cfg.kw, us, wbytes / us / 1e3);
+    }
+    std::fflush(stdout);
+  }
+  CK(cudaStreamDestroy(s));
+}
+
 // A few launches of chosen kernels on 8192 x 8192, for a profiler (ncu -k regex:...).
 void run_profile() {
   const int64_t N = 8192, K = 8192, wrb = K / 2, srb = K / 16;

@@ -192,8 +192,13 @@ Launch tc_launch_shape(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec
 
 }  // namespace
 
-Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& cfg, bool vec, bool staged) {
-  staged = staged && vec && cfg.mt <= kMaxStagedColTiles;
+Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& tile, bool vec, bool staged) {
+  staged = staged && vec && tile.mt <= kMaxStagedColTiles;
+  // Warps past the chosen kernel's launch bounds never launch (a forced tile on a kernel without
+  // the deep variant, e.g. unaligned rows falling back to the register-prefetch kernel).
+  TcConfig cfg = tile;
+  const int max_kw = staged ? staged_max_warps(cfg.mt) : int(kMaxWarpsPerBlock);
+  if (cfg.kw > max_kw) cfg.kw = max_kw;
   Launch l = tc_launch_shape(p, cfg, vec, staged);
   const int rt = vec ? cfg.rt : 1;
   const int sub = staged_sub_steps(p.k);

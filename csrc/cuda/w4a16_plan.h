@@ -96,6 +96,37 @@ inline bool parse_tc(const char* s, TcConfig& cfg) {
   return true;
 }
 
+// MLX_FP4_CUDA_TC as a list: "mt,rt,kw" for every product, or entries "mt,rt,kw@NxK" for one
+// weight shape, separated by ';' (one layer's tile inside a model, for A/B timing); the first
+// entry that applies wins. False when none applies or any entry is malformed (the whole list is void).
+inline bool parse_tc_for(const char* s, int64_t n, int64_t k, TcConfig& cfg) {
+  constexpr size_t kEntryChars = 64;
+  bool found = false;
+  for (const char* e = s; e && *e;) {
+    const char* end = std::strchr(e, ';');
+    const size_t len = end ? size_t(end - e) : std::strlen(e);
+    if (len >= kEntryChars) return false;
+    char entry[kEntryChars];
+    std::memcpy(entry, e, len);
+    entry[len] = '\0';
+    char* at = std::strchr(entry, '@');
+    long long en = 0, ek = 0;
+    char tail = 0;
+    if (at) {
+      *at = '\0';
+      if (std::sscanf(at + 1, "%lldx%lld%c", &en, &ek, &tail) != 2) return false;
+    }
+    TcConfig c;
+    if (!parse_tc(entry, c)) return false;
+    if (!found && (!at || (en == n && ek == k))) {
+      cfg = c;
+      found = true;
+    }
+    e = end ? end + 1 : nullptr;
+  }
+  return found;
+}
+
 // Warps per block splitting K: doubled while the grid of `blocks` stays within `warp_budget`
 // warps and K holds `min_steps` steps per warp before the doubling (staged kernel: 4 two-step
 // stages, kStagedMinSteps; register-prefetch kernel: 4 steps, kTcMinSteps).
@@ -246,7 +277,7 @@ inline TcConfig batched_tc_config(const fp4::W4A16Problem& p, const DeviceInfo& 
 
 // Kernel choice for a problem. `staged`: staged_loads_ok and not disabled. `path_override` /
 // `tc_override` come from the environment (MLX_FP4_CUDA_PATH = simt | tc | dequant | wgmma,
-// MLX_FP4_CUDA_TC = "mt,rt,kw"); null = automatic. `wgmma`: wgmma_loads_ok (the device's
+// MLX_FP4_CUDA_TC = "mt,rt,kw", or per weight shape: parse_tc_for); null = automatic. `wgmma`: wgmma_loads_ok (the device's
 // dev.wgmma is checked here); `wgmma_override`: MLX_FP4_CUDA_WGMMA = "tile_m,splits[,multicast]".
 inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool vec, bool staged,
                        const char* path_override, const char* tc_override, bool wgmma = false,
@@ -281,7 +312,7 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
     if (!std::strcmp(path_override, "wgmma") && wgmma_ok) plan.path = Path::kWgmma;
   }
   TcConfig forced;
-  if (parse_tc(tc_override, forced)) plan.tc = forced;
+  if (parse_tc_for(tc_override, p.n, p.k, forced)) plan.tc = forced;
   // Only the staged kernel with one x tile has a deep variant (more than kMaxWarpsPerBlock warps).
   const bool staged_tile = plan.staged && plan.tc.mt <= kMaxStagedColTiles;
   const int max_kw = staged_tile ? staged_max_warps(plan.tc.mt) : int(kMaxWarpsPerBlock);
