@@ -45,7 +45,13 @@ PROMPT = "Write two sentences about the sea."
 # reference's top-2 margin is below NEAR_TIE, 100x that noise. (In bf16 the noise is ~1 log-prob
 # unit after 30 layers of bf16 rounding, and the sequences part after ~7 tokens at margin 0.25.)
 NEAR_TIE = 1e-2
-PPL_REL = 5e-3  # FP4Linear vs MLX nvfp4 perplexity, same bytes (measured 2.6e-3 in bf16: 18.738 vs 18.689)
+# FP4Linear vs MLX nvfp4 perplexity on the same bytes. In float32 activations the two differ only
+# in summation order: measured 2.7e-6 (18.6083 vs 18.6082), held to 1e-4 (the issue asks 0.5%).
+# In bf16 every layer's rounding amplifies that order difference chaotically (see NEAR_TIE), so the
+# bf16 gap is a draw that moves with the CPU's vector width: measured 2.6e-3 (AVX2 EPYC: 18.738 vs
+# 18.689) and 8.1e-3 (AVX-512 EPYC: 18.841 vs 18.689); the bound keeps a margin of ~2.5 over the larger.
+PPL_REL_F32 = 1e-4
+PPL_REL_BF16 = 2e-2
 BF16_PPL_MAX = 40.0  # measured 16.4 on this text
 FP4_PPL_FACTOR = 1.25  # NVFP4 (no global scale) vs bf16: measured 18.74 / 16.39 = 1.14
 
@@ -104,11 +110,13 @@ def run():
     out["ref_ppl"] = _ppl(model, ids)
 
     prompt = mx.array(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
-    _cast(model, mx.float32)  # greedy in float32 activations (see NEAR_TIE)
+    _cast(model, mx.float32)  # greedy and a second perplexity in float32 activations (see NEAR_TIE)
     swap_modules(model, _dequantized(q, mx.float32))
     out["ref_greedy"] = _greedy(model, prompt)
+    out["ref_ppl_f32"] = _ppl(model, ids)
     swap_modules(model, ours)
     out["ours_greedy"] = _greedy(model, prompt)
+    out["ours_ppl_f32"] = _ppl(model, ids)
     return out
 
 
@@ -139,10 +147,13 @@ def test_greedy_tokens_match(run):
         assert margin < NEAR_TIE, f"step {first}: tokens {a[first]} vs {b[first]} differ at top-2 margin {margin}"
 
 
-def test_perplexity_matches_mlx_nvfp4(run):
-    ours, ref = run["ours_ppl"], run["ref_ppl"]
-    print(f"perplexity: bf16 {run['bf16_ppl']:.3f}, MLX nvfp4 {ref:.3f}, FP4Linear {ours:.3f}")
-    assert abs(ours - ref) <= PPL_REL * ref
+@pytest.mark.parametrize("acts", ["float32", "bfloat16"])
+def test_perplexity_matches_mlx_nvfp4(run, acts):
+    suffix, rel = ("_f32", PPL_REL_F32) if acts == "float32" else ("", PPL_REL_BF16)
+    ours, ref = run["ours_ppl" + suffix], run["ref_ppl" + suffix]
+    print(f"perplexity ({acts} activations): bf16 model {run['bf16_ppl']:.3f}, MLX nvfp4 {ref:.4f}, "
+          f"FP4Linear {ours:.4f}, relative gap {abs(ours - ref) / ref:.2e}")
+    assert abs(ours - ref) <= rel * ref
 
 
 def test_perplexity_sane(run):
