@@ -26,6 +26,10 @@
 #              python -m mlx_fp4.bench moe (BENCH_MOE_ARGS)
 #   decode     python -m mlx_fp4.bench decode (Llama-3-8B shapes; DECODE_ARGS replaces the defaults
 #              --preset llama3-8b --layers 8 16 32), JSON + PNG + table in $OUT/decode
+#   m1split    the M = 1 split per shape (benchmarks/notes/cuda.md, stop 45): kernel_harness bench
+#              --decode, the fastest tile per shape (scripts/m1_best_tiles.py), then the decode bench
+#              (Llama-3-8B shapes, 32 layers, interleaved with MLX nvfp4 and the floor) with the plan
+#              and with that per-shape list in MLX_FP4_CUDA_TC ($OUT/m1split_{plan,best}); needs mlx-lm
 #   planab     per product through MLX, the automatic plan against one forced path (PLANAB_PATH,
 #              default wgmma) on PLANAB_SHAPES (default 1024x4096), JSON + table in $OUT/planab_*
 #   overhead   scripts/gpu_op_overhead.py: host cost per call and chained products through MLX
@@ -220,6 +224,20 @@ step_sanitizer() {
 
 step_decode() {
   PYTHONPATH=python "$PY" -m mlx_fp4.bench decode --out "$OUT/decode" ${DECODE_ARGS:---preset llama3-8b --layers 8 16 32}
+}
+step_m1split() {
+  local best rc=0 tag
+  build_harness || return 1
+  build/gpu/kernel_harness bench --decode | tee "$OUT/m1split_kbench.txt" || return 1
+  best="$("$PY" scripts/m1_best_tiles.py "$OUT/m1split_kbench.txt")" || return 1
+  echo "per-shape tiles: $best"
+  for tag in best plan; do
+    # shellcheck disable=SC2046
+    env $([ "$tag" = best ] && echo "MLX_FP4_CUDA_TC=$best") PYTHONPATH=python "$PY" -m mlx_fp4.bench decode \
+      --preset llama3-8b --layers 32 --interleave --variants mlx_nvfp4 fp4 floor --tokens 64 --repeats 3 \
+      --device gpu --out "$OUT/m1split_$tag" || rc=1
+  done
+  return $rc
 }
 # The plan against forcing one path, per product through MLX: the same bench twice, once with the
 # automatic plan and once with MLX_FP4_CUDA_PATH=$PLANAB_PATH (default wgmma), on PLANAB_SHAPES
