@@ -30,6 +30,9 @@
 #              --decode, the fastest tile per shape (scripts/m1_best_tiles.py), then the decode bench
 #              (Llama-3-8B shapes, 32 layers, interleaved with MLX nvfp4 and the floor) with the plan
 #              and with that per-shape list in MLX_FP4_CUDA_TC ($OUT/m1split_{plan,best}); needs mlx-lm
+#   suite      every tests/test_*.py (SUITE_FILES: a subset) in its own pytest on the GPU, one line
+#              per file with its exit code, so a crash (a fatal signal ends pytest) names its file;
+#              a failing file's log in $OUT/suite_<file>.log
 #   planab     per product through MLX, the automatic plan against one forced path (PLANAB_PATH,
 #              default wgmma) on PLANAB_SHAPES (default 1024x4096), JSON + table in $OUT/planab_*
 #   overhead   scripts/gpu_op_overhead.py: host cost per call and chained products through MLX
@@ -225,6 +228,20 @@ step_sanitizer() {
 step_decode() {
   PYTHONPATH=python "$PY" -m mlx_fp4.bench decode --out "$OUT/decode" ${DECODE_ARGS:---preset llama3-8b --layers 8 16 32}
 }
+step_suite() {
+  local rc=0 f name code
+  export PYTHONPATH=python MLX_FP4_TEST_DEVICES=gpu MLX_ENABLE_TF32=0
+  for f in ${SUITE_FILES:-tests/test_*.py}; do
+    name="$(basename "$f" .py)"
+    "$PY" -m pytest -q -p no:cacheprovider --capture=sys --tb=short -rf "$f" > "/tmp/suite_$name.log" 2>&1
+    code=$?
+    # 5: no tests collected (e.g. a module skipped without a GPU or a package)
+    echo "$name: exit $code, $(tail -n 1 "/tmp/suite_$name.log")"
+    if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then rc=1; cp "/tmp/suite_$name.log" "$OUT/"; fi
+  done
+  return $rc
+}
+
 step_m1split() {
   local best rc=0 tag
   build_harness || return 1
