@@ -458,8 +458,7 @@ void check_all_paths(const Case& c, bool quick, std::mt19937& rng) {
         for (int kw : {1, 2, 3, 4, 8, 16}) {
           TcConfig cfg{c.m <= 8 ? 1 : c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8, rt, kw};
           if (cfg.mt * cfg.rt > 8) continue;
-          // 16 warps: only the staged kernel's deep variant (one x tile) has them.
-          if (kw > fp4::cuda_tiling::kMaxWarpsPerBlock && !(staged && cfg.mt == 1)) continue;
+          if (kw > fp4::cuda_tiling::tc_max_warps(staged, cfg.mt)) continue;  // 16: the deep variant only
           check_case(c, Path::kTensorCore, &cfg, rng);
         }
     }

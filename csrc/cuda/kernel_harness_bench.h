@@ -46,6 +46,12 @@ struct BenchData {
     for (int64_t i = 0; i < maxm * K; ++i) host_store(hx, fp4::kDtypeBF16, i, float(int(rng() % 200) - 100) / 100.0f);
     CK(cudaMemcpy(dx.p, hx.data(), hx.size(), cudaMemcpyHostToDevice));
   }
+  // `a` reading weight copy c (the NVFP4 scales).
+  W4A16Args with_copy(W4A16Args a, int c) const {
+    a.w = static_cast<const uint8_t*>(dw[c]->p);
+    a.scales = static_cast<const uint8_t*>(ds[c]->p);
+    return a;
+  }
   ~BenchData() {
     for (auto* v : {&dw, &ds, &dsm, &dd}) {
       for (auto* b : *v) delete b;
@@ -159,12 +165,7 @@ void run_bench(bool quick, bool small, bool mid) {
       a.x = dx.p;
       a.out = dout.p;
       a.p = p;
-      auto with_copy = [&](int c) {
-        W4A16Args b = a;
-        b.w = static_cast<const uint8_t*>(dw[c]->p);
-        b.scales = static_cast<const uint8_t*>(ds[c]->p);
-        return b;
-      };
+      auto with_copy = [&](int c) { return data.with_copy(a, c); };
       // The same weights with MXFP4 scales (E8M0 per 32).
       auto with_copy_mx = [&](int c) {
         W4A16Args b = with_copy(c);
@@ -277,12 +278,7 @@ void run_decode_bench() {
     for (size_t i = 0; i < cfgs.size(); ++i) {
       const TcConfig& cfg = cfgs[i];
       const double us = time_us(
-          [&](int c) {
-            W4A16Args b = a;
-            b.w = static_cast<const uint8_t*>(data.dw[c]->p);
-            b.scales = static_cast<const uint8_t*>(data.ds[c]->p);
-            run_path(Path::kTensorCore, cfg, b, nullptr, nullptr, s);
-          },
+          [&](int c) { run_path(Path::kTensorCore, cfg, data.with_copy(a, c), nullptr, nullptr, s); },
           data.copies, kIters, s);
       std::printf("decode,%lldx%lld,%s,%d/%d/%d,us=%.2f,wGBps=%.0f\n", (long long)data.N, (long long)data.K,
                   i == 0 ? "plan" : "tile", cfg.mt, cfg.rt, cfg.kw, us, wbytes / us / 1e3);

@@ -197,12 +197,11 @@ Launch tc_launch(const fp4::W4A16Problem& p, const TcConfig& tile, bool vec, boo
   // Warps past the chosen kernel's launch bounds never launch (a forced tile on a kernel without
   // the deep variant, e.g. unaligned rows falling back to the register-prefetch kernel).
   TcConfig cfg = tile;
-  const int max_kw = staged ? staged_max_warps(cfg.mt) : int(kMaxWarpsPerBlock);
-  if (cfg.kw > max_kw) cfg.kw = max_kw;
+  if (cfg.kw > tc_max_warps(staged, cfg.mt)) cfg.kw = tc_max_warps(staged, cfg.mt);
   Launch l = tc_launch_shape(p, cfg, vec, staged);
   const int rt = vec ? cfg.rt : 1;
   const int sub = staged_sub_steps(p.k);
-  const bool deep = staged && cfg.mt == 1 && cfg.kw > kMaxWarpsPerBlock;  // the plan caps kw by staged_max_warps
+  const bool deep = staged && cfg.mt == 1 && cfg.kw > kMaxWarpsPerBlock;  // kw is within tc_max_warps here
   l.func = p.mode == fp4::kModeMxfp4 ? tc_func_mode<fp4::kModeMxfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub, deep)
                                      : tc_func_mode<fp4::kModeNvfp4>(p.x_dtype, cfg.mt, rt, vec, staged, sub, deep);
   return l;

@@ -314,8 +314,7 @@ inline Plan plan_w4a16(const fp4::W4A16Problem& p, const DeviceInfo& dev, bool v
   TcConfig forced;
   if (parse_tc_for(tc_override, p.n, p.k, forced)) plan.tc = forced;
   // Only the staged kernel with one x tile has a deep variant (more than kMaxWarpsPerBlock warps).
-  const bool staged_tile = plan.staged && plan.tc.mt <= kMaxStagedColTiles;
-  const int max_kw = staged_tile ? staged_max_warps(plan.tc.mt) : int(kMaxWarpsPerBlock);
+  const int max_kw = tc_max_warps(plan.staged && plan.tc.mt <= kMaxStagedColTiles, plan.tc.mt);
   if (plan.tc.kw > max_kw) plan.tc.kw = max_kw;
   WgmmaConfig forced_wg;
   if (parse_wgmma(wgmma_override, forced_wg)) plan.wg = forced_wg;

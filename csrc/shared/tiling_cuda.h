@@ -126,8 +126,11 @@ inline constexpr bool is_wgmma_tile_m(int tm) {  // host code: the plan and its 
 // round trips).
 FP4_FN constexpr int wgmma_stage_k(int tm) { return tm >= kWgmmaTileMLarge ? kWgmmaPartK : kWgmmaKUnit; }
 
-// Warps a block of the staged kernel may hold, by its x tiles: the deep variant exists for one.
-FP4_FN constexpr int staged_max_warps(int mt) { return mt == 1 ? kMaxStagedWarpsPerBlock : kMaxWarpsPerBlock; }
+// Warps a tensor-core block may hold: the staged kernel with one x tile has its deep variant, every
+// other tile and the register-prefetch kernel kMaxWarpsPerBlock.
+FP4_FN constexpr int tc_max_warps(bool staged, int mt) {
+  return staged && mt == 1 ? kMaxStagedWarpsPerBlock : kMaxWarpsPerBlock;
+}
 
 // Scale bytes per weight row and 128-wide step (8 NVFP4, 4 MXFP4): the staged kernel's scale copies.
 FP4_FN constexpr int stage_scale_bytes_per_step(int mode) { return kStepK / fp4::block_size(mode); }
